@@ -1,0 +1,62 @@
+"""What a model function is told about the tower it is building, and what it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Union
+
+import tensorflow as tf
+
+Features = Union[tf.Tensor, Mapping[str, tf.Tensor]]
+
+
+@dataclass(frozen=True)
+class TowerContext:
+    """The facts a model function may depend on; never the device list itself.
+
+    index: this tower's position, 0 .. num_towers - 1.
+    num_towers: how many towers share the global batch.
+    device: the device this tower's compute runs on (for logging only: models
+        must not place ops themselves).
+    is_training: False when the graph is built for evaluation (dropout off,
+        batch norm uses moving statistics).
+    num_examples: scalar int32 tensor, the examples in this tower's shard.
+    """
+
+    index: int
+    num_towers: int
+    device: str
+    is_training: bool
+    num_examples: Any = None
+
+    @property
+    def is_first(self) -> bool:
+        """True for tower 0, the one whose batch-norm updates and summaries count."""
+        return self.index == 0
+
+
+class TowerOutputs(NamedTuple):
+    """What one tower returns.
+
+    loss: scalar float tensor, the mean loss over this tower's examples.
+    metrics: scalar tensors (accuracy, perplexity, ...), each a mean over this
+        tower's examples; the builder averages them across towers by example count.
+    """
+
+    loss: tf.Tensor
+    metrics: Mapping[str, tf.Tensor] = {}
+
+
+ModelFn = Callable[[Features, tf.Tensor, TowerContext], Union[TowerOutputs, tf.Tensor]]
+
+
+def as_tower_outputs(result: TowerOutputs | tf.Tensor) -> TowerOutputs:
+    """Accept a bare loss tensor from simple model functions."""
+    if isinstance(result, TowerOutputs):
+        return result
+    if isinstance(result, tf.Tensor):
+        return TowerOutputs(loss=result, metrics={})
+    raise TypeError(
+        f"model_fn must return towers.TowerOutputs or a scalar loss tensor, got {type(result)!r}"
+    )
