@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-Features = Union[tf.Tensor, Mapping[str, tf.Tensor]]
+Features = tf.Tensor | Mapping[str, tf.Tensor]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class TowerOutputs(NamedTuple):
     metrics: Mapping[str, tf.Tensor] = {}
 
 
-ModelFn = Callable[[Features, tf.Tensor, TowerContext], Union[TowerOutputs, tf.Tensor]]
+ModelFn = Callable[[Features, tf.Tensor, TowerContext], TowerOutputs | tf.Tensor]
 
 
 def as_tower_outputs(result: TowerOutputs | tf.Tensor) -> TowerOutputs:

@@ -1,0 +1,114 @@
+"""Combining tower gradients: sum on the variable's device, all-reduce, clip.
+
+Every gradient arriving here is already scaled by its tower's share of the
+global batch (examples in the tower / examples in the batch), so the combined
+gradient is a plain sum and equals the gradient of the mean loss over the
+whole batch, even when the towers' shards differ in size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from towers.placement import device_type
+
+Gradient = tf.Tensor | tf.IndexedSlices | None
+
+
+def sum_gradients(grads: Sequence[Gradient]) -> Gradient:
+    """Sum one variable's gradients from several towers.
+
+    Sparse gradients (from embedding lookups) stay sparse: their rows are
+    concatenated, which the optimizers' sparse updates add up correctly.
+    """
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    if len(present) == 1:
+        return present[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in present):
+        return tf.IndexedSlices(
+            values=tf.concat([g.values for g in present], axis=0),
+            indices=tf.concat([g.indices for g in present], axis=0),
+            dense_shape=present[0].dense_shape,
+        )
+    return tf.add_n([tf.convert_to_tensor(g) for g in present])
+
+
+def aggregate_on_variable_devices(
+    tower_grads: Sequence[Sequence[Gradient]], variables: Sequence[tf.Variable]
+) -> list[Gradient]:
+    """Sum each variable's tower gradients on the device that holds the variable.
+
+    tower_grads[i][j] is tower i's (weighted) gradient for variables[j]. Summing
+    where the variable lives sends each tower's gradient across once and keeps
+    the update local (tf_cnn_benchmarks calls this aggregation with variable
+    colocation).
+    """
+    summed = []
+    for j, var in enumerate(variables):
+        with tf.device(var.device), tf.name_scope("aggregate"):
+            summed.append(sum_gradients([grads[j] for grads in tower_grads]))
+    return summed
+
+
+def all_reduce(tower_grads: Sequence[Sequence[Gradient]], devices: Sequence[str]) -> list[list]:
+    """Sum gradients across towers and give every tower the same result on its device.
+
+    Returns out[i][j]: the total gradient of variable j, placed on devices[i].
+    NCCL's all-sum for dense gradients where every device is a GPU; elsewhere,
+    and for sparse gradients, a sum on one device followed by copies, which
+    leaves every tower with bit-identical values (so the copies stay equal).
+    Sparse gradients stay sparse: densifying them would change what sparse
+    optimizer updates do (momentum, for one, touches only the rows present).
+    """
+    num_vars = len(tower_grads[0])
+    out: list[list] = [[None] * num_vars for _ in devices]
+    use_nccl = _nccl_available() and all(device_type(d) == "GPU" for d in devices)
+    for j in range(num_vars):
+        grads = [g[j] for g in tower_grads]
+        if any(g is None for g in grads):
+            continue
+        if use_nccl and not any(isinstance(g, tf.IndexedSlices) for g in grads):
+            from tensorflow.python.ops import nccl_ops
+
+            totals = nccl_ops.all_sum(grads)
+        else:
+            # Spread the summing work over the devices, one variable each in turn.
+            with tf.device(devices[j % len(devices)]), tf.name_scope("all_reduce"):
+                total = sum_gradients(grads)
+            totals = [_copy_to(total, device) for device in devices]
+        for i, total in enumerate(totals):
+            out[i][j] = total
+    return out
+
+
+def _copy_to(grad: tf.Tensor | tf.IndexedSlices, device: str) -> tf.Tensor | tf.IndexedSlices:
+    with tf.device(device):
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(
+                tf.identity(grad.values), tf.identity(grad.indices), grad.dense_shape
+            )
+        return tf.identity(grad)
+
+
+def clip_by_global_norm(
+    grads: Sequence[Gradient], clip_norm: float | None
+) -> tuple[list[Gradient], tf.Tensor]:
+    """Clip to clip_norm if given; always return the global norm before clipping (a scalar)."""
+    present = [g for g in grads if g is not None]
+    norm = tf.linalg.global_norm(present)
+    if clip_norm is None:
+        return list(grads), norm
+    clipped, _ = tf.clip_by_global_norm(list(grads), clip_norm, use_norm=norm)
+    return clipped, norm
+
+
+def _nccl_available() -> bool:
+    try:
+        from tensorflow.python.ops import nccl_ops  # noqa: F401
+    except ImportError:
+        return False
+    return tf.test.is_built_with_cuda()

@@ -1,0 +1,84 @@
+"""Where variables and compute go: device functions for towers and parameter devices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+DeviceFn = Callable[[tf.Operation], str]
+
+# Op types that own state. Only these go to the parameter device; everything a
+# tower computes (including reads of the variables) stays on the tower's device.
+VARIABLE_OP_TYPES = frozenset(
+    {
+        "Variable",
+        "VariableV2",
+        "VarHandleOp",
+        "AutoReloadVariable",
+        "MutableHashTable",
+        "MutableHashTableV2",
+        "MutableHashTableOfTensors",
+        "MutableHashTableOfTensorsV2",
+        "MutableDenseHashTable",
+        "MutableDenseHashTableV2",
+    }
+)
+
+
+def is_variable_op(op: tf.Operation) -> bool:
+    return op.type in VARIABLE_OP_TYPES
+
+
+def variable_bytes(op: tf.Operation) -> int:
+    """Bytes a variable op will hold; unknown dimensions count as 1."""
+    try:
+        shape = tf.TensorShape(op.get_attr("shape"))
+        dtype = tf.as_dtype(op.get_attr("dtype"))
+    except ValueError:
+        return 0
+    dims = [d if d is not None else 1 for d in (shape.as_list() if shape.rank is not None else [])]
+    return int(np.prod(dims, dtype=np.int64)) * dtype.size
+
+
+class GreedyByteBalancer:
+    """Assigns each variable op to the target holding the fewest bytes so far.
+
+    A callable `op -> target index`, usable as `replica_device_setter`'s
+    `ps_strategy` as well as for spreading variables over tower devices.
+    Round-robin would put a large embedding and a large softmax on the same
+    target as often as not; greedy by size keeps the largest loads apart.
+    """
+
+    def __init__(self, num_targets: int):
+        if num_targets < 1:
+            raise ValueError(f"need at least one target, got {num_targets}")
+        self.loads = [0] * num_targets
+
+    def __call__(self, op: tf.Operation) -> int:
+        target = min(range(len(self.loads)), key=self.loads.__getitem__)
+        self.loads[target] += variable_bytes(op)
+        return target
+
+
+def least_loaded(devices: Sequence[str]) -> DeviceFn:
+    """A variable-device function that spreads variables over `devices` by byte size."""
+    balancer = GreedyByteBalancer(len(devices))
+    return lambda op: devices[balancer(op)]
+
+
+def tower_device_fn(compute_device: str, variable_device: str | DeviceFn) -> DeviceFn:
+    """Variable ops on variable_device (a device or device function); the rest on compute_device."""
+
+    def place(op: tf.Operation) -> str:
+        if is_variable_op(op):
+            return variable_device(op) if callable(variable_device) else variable_device
+        return compute_device
+
+    return place
+
+
+def device_type(device: str) -> str:
+    """'GPU' for '/gpu:1' or '/job:worker/task:0/device:GPU:1'; '' when not given."""
+    return (tf.DeviceSpec.from_string(device).device_type or "").upper()
