@@ -1,0 +1,41 @@
+"""What every model file shares: the input description and parameter range checks.
+
+Kept apart from ``models/__init__.py`` so the model files can import it without
+importing the registry that imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The features and labels a model expects, per example (no batch dimension).
+
+    feature_shape: shape of one example's features, e.g. (28, 28, 1).
+    feature_dtype: dtype of the features, e.g. tf.float32 or tf.int32 token ids.
+    label_shape: () for one class id per example, (num_steps,) for the LM.
+    label_dtype: dtype of the labels (tf.int32 for every model here).
+    num_classes: labels are ints in [0, num_classes); the vocabulary size for the LM.
+    """
+
+    feature_shape: tuple[int, ...]
+    feature_dtype: tf.DType
+    label_shape: tuple[int, ...]
+    label_dtype: tf.DType
+    num_classes: int
+
+
+def check_rate(name: str, value: float) -> None:
+    """Raise ValueError unless 0 <= value < 1 (dropout rates, moving-average decays)."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"parameter {name!r} must be in [0, 1), got {value!r}")
+
+
+def check_non_negative(name: str, value: float) -> None:
+    """Raise ValueError if value < 0 (weight decay, epsilons)."""
+    if not value >= 0.0:  # written this way so NaN fails too
+        raise ValueError(f"parameter {name!r} must be >= 0, got {value!r}")
