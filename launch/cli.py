@@ -1,0 +1,279 @@
+"""The `towers` command: train, eval, validate, devices, data convert.
+
+Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
+2 bad input (job file, flags, data, devices, checkpoint directory), one line
+on stderr and nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+EPILOG_TRAIN = """examples:
+  towers train                                  # built-in default job: convnet, all devices
+  towers train -c examples/resnet20.yaml
+  towers train -c job.yaml --set train.steps=500 --set towers.devices=4
+  towers train --set towers.variable_update=replicated --set train.checkpoint_dir=runs/rep
+
+Progress goes to stderr; the last line on stdout is one JSON object with
+global_step, loss, examples_per_sec and the model's metrics. Re-running with
+the same checkpoint_dir resumes from its latest checkpoint. SIGTERM or Ctrl-C
+saves a checkpoint and exits 0.
+"""
+
+EPILOG_EVAL = """examples:
+  towers eval -c job.yaml                         # latest checkpoint in train.checkpoint_dir
+  towers eval -c job.yaml --checkpoint runs/convnet/model.ckpt-2000
+  towers eval -c job.yaml --watch                 # each new checkpoint, until train.steps
+
+Summaries go to <checkpoint_dir>/eval for TensorBoard; the last line on stdout
+is one JSON object with global_step, loss, examples_per_sec and the metrics.
+"""
+
+EPILOG_VALIDATE = """examples:
+  towers validate -c job.yaml
+  towers validate -c job.yaml --set optimizer.name=adam
+"""
+
+EPILOG_DEVICES = """Shows each GPU TensorFlow sees as /gpu:i, the physical GPU it maps to under
+CUDA_VISIBLE_DEVICES (and session.visible_devices, with -c), its name and memory.
+
+examples:
+  towers devices
+  CUDA_VISIBLE_DEVICES=2,3 towers devices     # physical 2 becomes /gpu:0
+"""
+
+EPILOG_CONVERT = """Reads the job's npz or csv data (data.path, data.label_column) and writes
+sharded TFRecord files PREFIX-00000-of-0000N.tfrecord.
+
+examples:
+  towers data convert -c job.yaml --out data/train --shards 8
+  then train with: --set data.source=tfrecord --set 'data.path=data/train-*.tfrecord'
+"""
+
+
+def _job_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", metavar="JOB.yaml", help="job file (default: the built-in default job)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a job key, e.g. train.steps=100 (repeatable; YAML values)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="towers",
+        description="Data-parallel tower training for TensorFlow: one tower per device, "
+        "shared variables, one update per global batch.",
+        formatter_class=raw,
+        epilog="Run 'towers COMMAND --help' for each command's options and examples.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    train = commands.add_parser(
+        "train",
+        help="train a job (default: the built-in job)",
+        epilog=EPILOG_TRAIN,
+        formatter_class=raw,
+    )
+    _job_args(train)
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="evaluate a checkpoint, or watch for new ones",
+        epilog=EPILOG_EVAL,
+        formatter_class=raw,
+    )
+    _job_args(evaluate)
+    which = evaluate.add_mutually_exclusive_group()
+    which.add_argument(
+        "--checkpoint",
+        metavar="PATH",
+        help="checkpoint prefix or directory (default: train.checkpoint_dir)",
+    )
+    which.add_argument(
+        "--watch",
+        action="store_true",
+        help="evaluate every new checkpoint until the one at train.steps",
+    )
+    evaluate.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECS",
+        help="with --watch: give up after SECS without a new checkpoint",
+    )
+
+    validate = commands.add_parser(
+        "validate",
+        help="check a job file, print the resolved job",
+        epilog=EPILOG_VALIDATE,
+        formatter_class=raw,
+    )
+    _job_args(validate)
+
+    devices = commands.add_parser(
+        "devices",
+        help="list GPUs, CPU and the CUDA id mapping",
+        epilog=EPILOG_DEVICES,
+        formatter_class=raw,
+    )
+    _job_args(devices)
+
+    data = commands.add_parser("data", help="data tools").add_subparsers(
+        dest="data_command", metavar="TOOL", required=True
+    )
+    convert = data.add_parser(
+        "convert",
+        help="write a job's npz/csv data as sharded TFRecords",
+        epilog=EPILOG_CONVERT,
+        formatter_class=raw,
+    )
+    _job_args(convert)
+    convert.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
+    convert.add_argument(
+        "--shards", type=int, default=4, metavar="N", help="number of files (default 4)"
+    )
+    return parser
+
+
+# Notices TensorFlow's C++ core prints while loading, before it reads
+# TF_CPP_MIN_LOG_LEVEL; they say nothing about the job.
+_STARTUP_NOTICES = (
+    "All log messages before absl::InitializeLog()",
+    "oneDNN custom operations are on",
+    "cpu_feature_guard",
+    "To enable the following instructions",
+    "rebuild TensorFlow with the appropriate compiler flags",
+)
+
+
+def _import_tensorflow_quietly():
+    """Import TensorFlow with its start-up notices filtered out of stderr.
+
+    They are written to file descriptor 2 directly, so they are caught there
+    and everything else (a real import error, say) is passed on unchanged.
+    """
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not any(notice in line for notice in _STARTUP_NOTICES):
+                    sys.stderr.write(line)
+    return tf
+
+
+def _quiet_tensorflow() -> None:
+    """TensorFlow's start-up chatter would drown the one line a user needs to read."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import logging
+
+    tf = _import_tensorflow_quietly()
+
+    tf.get_logger().setLevel(logging.ERROR)
+    tf.compat.v1.disable_eager_execution()
+
+
+def _check_model(name, params) -> None:
+    import models
+
+    models.build(name, dict(params))
+
+
+def _load(args):
+    from launch.config import load_job
+
+    return load_job(args.config, args.overrides, check_model=_check_model)
+
+
+def _print_json(result: dict) -> None:
+    print(json.dumps(result, sort_keys=True), flush=True)
+
+
+def _run(args) -> int:
+    if args.command == "validate":
+        from launch.config import dump_yaml
+
+        _quiet_tensorflow()
+        sys.stdout.write(dump_yaml(_load(args)))
+        return EXIT_OK
+    _quiet_tensorflow()
+    job = _load(args)
+    if args.command == "train":
+        from launch.train import train
+
+        _print_json(train(job))
+    elif args.command == "eval":
+        from launch.evaluate import evaluate
+
+        _print_json(evaluate(job, args.checkpoint, args.watch, args.timeout))
+    elif args.command == "devices":
+        from launch.devices import describe
+
+        print(describe(job.session))
+    elif args.command == "data":
+        from launch.convert import convert_to_tfrecord
+        from launch.train import make_plan
+
+        plan = make_plan(job)
+        written = convert_to_tfrecord(
+            job.data.source,
+            plan.model.input_spec,
+            job.data.path,
+            args.out,
+            args.shards,
+            label_column=job.data.label_column,
+        )
+        print("\n".join(written))
+    return EXIT_OK
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from launch.checkpoints import CheckpointError
+    from launch.config import ConfigError
+    from launch.data import DataError
+    from launch.devices import DeviceError
+
+    return ConfigError, DataError, DeviceError, CheckpointError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "shards", 1) < 1:
+        print("towers: error: --shards must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return _run(args)
+    except _bad_input_errors() as err:
+        source = args.config or "<built-in job>"
+        message = str(err)
+        if not message.startswith(source) and not message.startswith("--set"):
+            message = f"{source}: {message}"
+        print(f"towers: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

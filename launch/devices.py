@@ -1,0 +1,147 @@
+"""Which devices this process can train on, and which of them a job's towers use."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from launch.config import SessionConfig, TowersConfig
+
+# On a host without GPUs, `devices: auto` still builds two towers on two CPU
+# devices, so the default job exercises the same code path as a GPU node.
+CPU_TOWERS_WITHOUT_GPU = 2
+
+
+class DeviceError(ValueError):
+    """A job asks for devices this host does not have."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    logical: str  # "/gpu:0", as TensorFlow names it in this process
+    physical_id: str  # the CUDA device id it maps to ("?" when unknown)
+    name: str
+    memory_bytes: int | None
+    compute_capability: str | None
+
+
+def visible_physical_ids(session: SessionConfig | None = None) -> list[str] | None:
+    """Physical GPU ids in logical order, per CUDA_VISIBLE_DEVICES and session.visible_devices.
+
+    None means no restriction is in force: logical /gpu:i is physical GPU i.
+    CUDA_VISIBLE_DEVICES renumbers the GPUs the process sees (CUDA_VISIBLE_DEVICES=2,3
+    makes physical 2 TensorFlow's /gpu:0); TensorFlow's visible_device_list then
+    picks among those renumbered ids.
+    """
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in env.split(",") if i.strip()] if env is not None else None
+    if session is not None and session.visible_devices:
+        picked = [int(i) for i in session.visible_devices.split(",")]
+        ids = [ids[i] if ids is not None and i < len(ids) else str(i) for i in picked]
+    return ids
+
+
+def list_gpus(session: SessionConfig | None = None) -> list[GpuInfo]:
+    """The GPUs TensorFlow sees, with names and memory where the driver reports them."""
+    physical = visible_physical_ids(session)
+    gpus = tf.config.list_physical_devices("GPU")
+    if session is not None and session.visible_devices:
+        gpus = [gpus[int(i)] for i in session.visible_devices.split(",") if int(i) < len(gpus)]
+    out = []
+    for i, gpu in enumerate(gpus):
+        details = tf.config.experimental.get_device_details(gpu)
+        capability = details.get("compute_capability")
+        out.append(
+            GpuInfo(
+                logical=f"/gpu:{i}",
+                physical_id=physical[i] if physical and i < len(physical) else str(i),
+                name=details.get("device_name", "unknown GPU"),
+                memory_bytes=_gpu_memory_bytes(i),
+                compute_capability=".".join(map(str, capability)) if capability else None,
+            )
+        )
+    return out
+
+
+def _gpu_memory_bytes(index: int) -> int | None:
+    """Total memory of a GPU via NVML when nvidia-ml-py is installed; None otherwise."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    except pynvml.NVMLError:
+        return None
+
+
+def tower_devices(towers: TowersConfig, num_gpus: int) -> list[str]:
+    """Resolve `towers.devices` (auto, a count, or a list) to device strings."""
+    spec = towers.devices
+    if spec == "auto":
+        if num_gpus:
+            return [f"/gpu:{i}" for i in range(num_gpus)]
+        return [f"/cpu:{i}" for i in range(CPU_TOWERS_WITHOUT_GPU)]
+    if isinstance(spec, int):
+        if num_gpus and spec > num_gpus:
+            raise DeviceError(
+                f"towers.devices: {spec} towers asked for, but {num_gpus} GPU(s) visible"
+            )
+        kind = "gpu" if num_gpus else "cpu"
+        return [f"/{kind}:{i}" for i in range(spec)]
+    devices = list(spec)
+    for device in devices:
+        spec_ = tf.DeviceSpec.from_string(device)
+        if (spec_.device_type or "").upper() == "GPU" and spec_.device_index >= num_gpus:
+            raise DeviceError(
+                f"towers.devices: {device} does not exist; {num_gpus} GPU(s) visible"
+                + (" (use /cpu:i devices on this host)" if not num_gpus else "")
+            )
+    return devices
+
+
+def param_device(towers: TowersConfig, devices: list[str], num_gpus: int) -> str:
+    """Resolve `towers.param_device`: cpu, gpu, least_loaded, or an explicit device."""
+    choice = towers.param_device
+    if choice == "cpu":
+        return "/cpu:0"
+    if choice == "gpu":
+        if not num_gpus:
+            raise DeviceError("towers.param_device: gpu asked for, but no GPU is visible")
+        return "/gpu:0"
+    return choice
+
+
+def num_cpu_devices(devices: list[str], param: str) -> int:
+    """How many CPU devices the session must create so every /cpu:i named exists."""
+    indices = [
+        tf.DeviceSpec.from_string(d).device_index or 0
+        for d in [*devices, param]
+        if d != "least_loaded" and (tf.DeviceSpec.from_string(d).device_type or "").upper() == "CPU"
+    ]
+    return max(indices, default=0) + 1
+
+
+def describe(session: SessionConfig | None = None) -> str:
+    """The `towers devices` report: GPUs with memory and CUDA id mapping, then the CPU."""
+    lines = []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    lines.append(f"CUDA_VISIBLE_DEVICES={env if env is not None else '(unset: all GPUs visible)'}")
+    gpus = list_gpus(session)
+    if not gpus:
+        lines.append("GPUs: none visible")
+    for gpu in gpus:
+        memory = f"{gpu.memory_bytes / 2**30:.1f} GiB" if gpu.memory_bytes else "memory unknown"
+        capability = (
+            f", compute capability {gpu.compute_capability}" if gpu.compute_capability else ""
+        )
+        lines.append(
+            f"{gpu.logical}  <- physical GPU {gpu.physical_id}: {gpu.name}, {memory}{capability}"
+        )
+    cpus = os.cpu_count() or 1
+    lines.append(f"/cpu:0  host CPU, {cpus} core(s); more /cpu:i devices are made on request")
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""`towers train`: build the towers for a job and run them in a MonitoredTrainingSession."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+import models
+import towers
+from launch import checkpoints, data
+from launch.config import JobConfig
+from launch.devices import list_gpus, num_cpu_devices, param_device, tower_devices
+from launch.hooks import PlacementTraceHook, ProgressHook, StepRecord, StopOnSignalHook
+from launch.optim import learning_rate, make_optimizer
+from launch.session import session_config
+
+V1 = tf.compat.v1
+
+
+def log(message: str) -> None:
+    """Progress and notices go to stderr, so stdout stays one JSON line per run."""
+    print(f"towers: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything resolved about a job before a graph is built."""
+
+    job: JobConfig
+    model: models.Model
+    devices: list[str]
+    param_device: str
+    session: V1.ConfigProto
+
+
+def make_plan(job: JobConfig) -> Plan:
+    """Resolve the model, the devices and the session options; raises on bad input."""
+    model = models.build(job.model.name, dict(job.model.params))
+    num_gpus = len(list_gpus(job.session))
+    devices = tower_devices(job.towers, num_gpus)
+    param = param_device(job.towers, devices, num_gpus)
+    if job.train.batch_size < len(devices):
+        raise data.DataError(
+            f"train.batch_size: a global batch of {job.train.batch_size} cannot feed "
+            f"{len(devices)} towers; use at least one example per tower"
+        )
+    config = session_config(job.session, num_cpu_devices(devices, param))
+    return Plan(job, model, devices, param, config)
+
+
+def preflight(plan: Plan) -> None:
+    """Check what can be checked before anything is written: data, checkpoint dir."""
+    job = plan.job
+    data.check_source(
+        job.data.source,
+        plan.model.input_spec,
+        path=job.data.path,
+        label_column=job.data.label_column,
+    )
+    checkpoints.check_writable_dir(job.train.checkpoint_dir, "train.checkpoint_dir")
+    if job.train.warm_start is not None:
+        checkpoints.resolve(job.train.warm_start.path, "train.warm_start.path")
+
+
+def input_tensors(plan: Plan, training: bool, batch_size: int):
+    """features, labels of one global batch, produced on the host CPU."""
+    cfg = plan.job.data
+    path = cfg.path if training or not cfg.eval_path else cfg.eval_path
+    with tf.device("/cpu:0"):
+        dataset = data.make_dataset(
+            cfg.source,
+            plan.model.input_spec,
+            batch_size,
+            path=path,
+            label_column=cfg.label_column,
+            shuffle_buffer=cfg.shuffle_buffer,
+            num_parallel_calls=None if cfg.num_parallel_calls == "auto" else cfg.num_parallel_calls,
+            prefetch=None if cfg.prefetch == "auto" else cfg.prefetch,
+            num_examples=cfg.num_examples,
+            seed=cfg.seed,
+            training=training,
+        )
+        return data.input_tensors(dataset)
+
+
+def build_training_graph(plan: Plan) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
+    """The whole training graph in the default graph; returns ops, scaffold, learning rate."""
+    job = plan.job
+    V1.set_random_seed(job.train.seed)
+    features, labels = input_tensors(plan, training=True, batch_size=job.train.batch_size)
+    with tf.device(plan.param_device if plan.param_device != "least_loaded" else "/cpu:0"):
+        global_step = V1.train.get_or_create_global_step()
+    rate = learning_rate(job.optimizer, global_step)
+    optimizer = make_optimizer(job.optimizer, rate)
+    ops = towers.build_train_op(
+        plan.model.model_fn,
+        features,
+        labels,
+        optimizer,
+        plan.devices,
+        variable_update=job.towers.variable_update,
+        param_device=plan.param_device,
+        clip_norm=job.optimizer.clip_norm,
+        global_step=global_step,
+    )
+    _add_summaries(ops, rate, job.train.histograms)
+    if job.train.warm_start is not None:
+        model_vars = [
+            v
+            for v in V1.global_variables()
+            if v not in optimizer.variables() and v is not global_step
+        ]
+        checkpoints.warm_start(job.train.warm_start, model_vars, log)
+    saver = V1.train.Saver(
+        max_to_keep=job.train.max_to_keep,
+        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
+        save_relative_paths=True,
+    )
+    scaffold = V1.train.Scaffold(
+        saver=saver,
+        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
+    )
+    return ops, scaffold, rate
+
+
+def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:
+    V1.summary.scalar("loss", ops.loss)
+    V1.summary.scalar("learning_rate", rate)
+    V1.summary.scalar("gradient_norm", ops.gradient_norm)
+    for name, value in ops.metrics.items():
+        V1.summary.scalar(name, value)
+    if histograms:
+        for var in V1.trainable_variables():
+            V1.summary.histogram(var.op.name, var)
+
+
+def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
+    """Train to job.train.steps (resuming from checkpoint_dir); return the final record."""
+    plan = make_plan(job)
+    preflight(plan)
+    cfg = job.train
+    graph = tf.Graph()
+    with graph.as_default():
+        ops, scaffold, rate = build_training_graph(plan)
+        checkpoints.check_compatible(cfg.checkpoint_dir)
+        write(
+            f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
+            f"variables on {plan.param_device} ({job.towers.variable_update})"
+        )
+        progress = ProgressHook(
+            {"loss": ops.loss, **ops.metrics},
+            ops.global_step,
+            cfg.batch_size,
+            cfg.steps,
+            cfg.log_every_steps,
+            cfg.checkpoint_dir,
+            write,
+        )
+        stopper = StopOnSignalHook(write)
+        hooks = [V1.train.StopAtStepHook(last_step=cfg.steps), progress, stopper]
+        chief_hooks = [
+            checkpoints.saver_hook(cfg, scaffold, write),
+            PlacementTraceHook(cfg.checkpoint_dir),
+        ]
+        with V1.train.MonitoredTrainingSession(
+            checkpoint_dir=cfg.checkpoint_dir,
+            scaffold=scaffold,
+            hooks=hooks,
+            chief_only_hooks=chief_hooks,
+            save_checkpoint_secs=None,
+            save_checkpoint_steps=None,
+            save_summaries_steps=cfg.summary_every_steps,
+            save_summaries_secs=None,
+            log_step_count_steps=None,
+            config=plan.session,
+        ) as sess:
+            while not sess.should_stop():
+                sess.run(ops.train_op)
+    V1.summary.FileWriterCache.clear()
+    latest = tf.train.latest_checkpoint(cfg.checkpoint_dir)
+    record = progress.record
+    if not record.global_step and latest:  # nothing left to run: report where the job stands
+        record = StepRecord(global_step=checkpoints.step_of(latest))
+    result = record.as_dict()
+    result["checkpoint"] = latest
+    if stopper.received is not None:
+        result["stopped_by"] = "signal"
+    return result
