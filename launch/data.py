@@ -10,8 +10,8 @@ Sources (``source=``):
 
 * ``synthetic``: one random batch (uniform floats in [0, 1), ints in [0, num_classes)),
   generated once in the graph and repeated, so input costs nothing (benchmarks).
-* ``builtin``: a learnable data set generated in-process with numpy from ``seed``
-  (see :func:`builtin_arrays`); ``training=False`` gives the held-out split.
+* ``builtin``: the learnable data set of :mod:`launch.builtin_data`, generated from
+  ``seed``; ``training=False`` gives the held-out split.
 * ``npz``: one ``.npz`` file with arrays ``features``/``labels`` (or ``x``/``y``).
 * ``csv``: files with a header row, an integer label column named ``label_column`` and
   ``prod(feature_shape)`` numeric feature columns.
@@ -40,11 +40,14 @@ import os
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf.message import DecodeError
+
+from launch.builtin_data import _builtin_kind, builtin_arrays
+from launch.input_spec import DataError, InputSpecLike, Spec, normalize_spec
 
 __all__ = [
     "SOURCES",
@@ -65,83 +68,9 @@ AUTOTUNE = tf.data.AUTOTUNE
 # every TFRecord record is checked regardless.
 CHECK_RECORDS = 8
 NPZ_KEYS = (("features", "labels"), ("x", "y"))
-MAX_BUILTIN_BYTES = 4 << 30
 MAX_INTERLEAVE_FILES = 16
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike] | None
-
-
-class DataError(ValueError):
-    """A data source that cannot feed the spec. The message is one line naming the path
-    (for TFRecord also the file and the record index) and what is wrong."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
-
-
-class InputSpecLike(Protocol):
-    """What the pipeline reads from ``models.InputSpec`` (per example, no batch dim)."""
-
-    @property
-    def feature_shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def feature_dtype(self) -> tf.DType: ...
-
-    @property
-    def label_shape(self) -> tuple[int, ...]: ...
-
-    @property
-    def label_dtype(self) -> tf.DType: ...
-
-    @property
-    def num_classes(self) -> int: ...
-
-
-# --------------------------------------------------------------------------- spec
-
-
-class _Spec(NamedTuple):
-    """A validated input spec with normalised shapes and ``tf.DType``s."""
-
-    feature_shape: tuple[int, ...]
-    feature_dtype: tf.DType
-    label_shape: tuple[int, ...]
-    label_dtype: tf.DType
-    num_classes: int
-
-    @property
-    def num_features(self) -> int:
-        return math.prod(self.feature_shape)
-
-    @property
-    def num_labels(self) -> int:
-        return math.prod(self.label_shape)
-
-    @property
-    def int_features(self) -> bool:
-        return self.feature_dtype.is_integer
-
-
-def _normalize_spec(spec: InputSpecLike) -> _Spec:
-    """Check ``spec`` once and return it with tuples of ints and ``tf.DType``s."""
-    try:
-        norm = _Spec(
-            tuple(int(d) for d in spec.feature_shape),
-            tf.as_dtype(spec.feature_dtype),
-            tuple(int(d) for d in spec.label_shape),
-            tf.as_dtype(spec.label_dtype),
-            int(spec.num_classes),
-        )
-    except (AttributeError, TypeError, ValueError) as err:
-        raise DataError(f"input spec {spec!r} is not usable: {err}") from None
-    if not (norm.feature_dtype.is_floating or norm.feature_dtype.is_integer):
-        raise DataError(f"input spec: feature dtype {norm.feature_dtype.name} is not numeric")
-    if not norm.label_dtype.is_integer:
-        raise DataError(f"input spec: label dtype {norm.label_dtype.name} is not an integer")
-    if norm.num_classes < 1 or min(norm.feature_shape + norm.label_shape, default=1) < 1:
-        raise DataError(f"input spec {spec!r}: sizes and num_classes must be positive")
-    return norm
 
 
 # ---------------------------------------------------------------------- pipelines
@@ -189,7 +118,7 @@ def _batched(records: tf.data.Dataset, p: _Pipeline, shuffle_buffer: int,
     return batches.map(parse, num_parallel_calls=p.num_parallel_calls).prefetch(p.prefetch)
 
 
-def _finish_batch(features: tf.Tensor, labels: tf.Tensor, spec: _Spec,
+def _finish_batch(features: tf.Tensor, labels: tf.Tensor, spec: Spec,
                   batch: int | None) -> tuple[tf.Tensor, tf.Tensor]:
     """Cast and reshape parsed values to [B, *feature_shape] and [B, *label_shape]."""
     features = tf.reshape(tf.cast(features, spec.feature_dtype), (-1, *spec.feature_shape))
@@ -199,7 +128,7 @@ def _finish_batch(features: tf.Tensor, labels: tf.Tensor, spec: _Spec,
     return features, labels
 
 
-def _checked_labels(labels: tf.Tensor, spec: _Spec, where: str) -> tf.Tensor:
+def _checked_labels(labels: tf.Tensor, spec: Spec, where: str) -> tf.Tensor:
     """labels: any shape; fails at run time if a label is outside [0, num_classes)."""
     message = f"{where}: labels must be in [0, {spec.num_classes})"
     checks = [
@@ -210,7 +139,7 @@ def _checked_labels(labels: tf.Tensor, spec: _Spec, where: str) -> tf.Tensor:
         return tf.identity(labels)
 
 
-def _array_dataset(features: np.ndarray, labels: np.ndarray, spec: _Spec,
+def _array_dataset(features: np.ndarray, labels: np.ndarray, spec: Spec,
                    p: _Pipeline) -> tf.data.Dataset:
     """In-memory arrays features [N, *feature_shape], labels [N, *label_shape] -> batches.
 
@@ -233,7 +162,7 @@ def _array_dataset(features: np.ndarray, labels: np.ndarray, spec: _Spec,
     return _batched(tf.data.Dataset.range(len(features)), p, len(features), parse)
 
 
-def _synthetic_dataset(spec: _Spec, p: _Pipeline, num_examples: int) -> tf.data.Dataset:
+def _synthetic_dataset(spec: Spec, p: _Pipeline, num_examples: int) -> tf.data.Dataset:
     """One random batch, made once by stateless random ops, cached and repeated.
 
     Yields features [B, *feature_shape] (uniform [0, 1) floats or ints in
@@ -271,7 +200,7 @@ def _interleave_files(files: list[str], reader: Callable[[tf.Tensor], tf.data.Da
     return names.interleave(reader, cycle_length=cycle, num_parallel_calls=calls)
 
 
-def _csv_dataset(files: list[str], spec: _Spec, label_index: int, where: str,
+def _csv_dataset(files: list[str], spec: Spec, label_index: int, where: str,
                  p: _Pipeline) -> tf.data.Dataset:
     """CSV lines -> batches; ``tf.io.decode_csv`` (the parser behind ``CsvDataset`` and
     ``make_csv_dataset``) decodes a whole batch of lines at once."""
@@ -292,7 +221,7 @@ def _csv_dataset(files: list[str], spec: _Spec, label_index: int, where: str,
     return _batched(lines, p, p.shuffle_buffer, parse)
 
 
-def _tfrecord_dataset(files: list[str], spec: _Spec, label_key: str, where: str,
+def _tfrecord_dataset(files: list[str], spec: Spec, label_key: str, where: str,
                       p: _Pipeline) -> tf.data.Dataset:
     """Serialized ``tf.train.Example`` records -> batches parsed by ``parse_example``."""
     schema = {
@@ -328,7 +257,7 @@ def make_dataset(source: str, spec: InputSpecLike, batch_size: int, *, path: Pat
     in the default graph on /cpu:0. Cheap checks run here (headers, first records,
     npz arrays); :func:`check_source` is the thorough pre-flight. Raises DataError.
     """
-    norm = _normalize_spec(spec)
+    norm = normalize_spec(spec)
     if source not in SOURCES:
         raise DataError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -364,7 +293,7 @@ def check_source(source: str, spec: InputSpecLike, path: PathArg = None,
     record, naming the file and record index) or whose first CHECK_RECORDS Examples do
     not match the spec. npz feature arrays are checked from their headers, not loaded.
     """
-    norm = _normalize_spec(spec)
+    norm = normalize_spec(spec)
     if source not in SOURCES:
         raise DataError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
     if source == "builtin":
@@ -395,7 +324,7 @@ def load_arrays(source: str, spec: InputSpecLike, path: PathArg,
                 label_column: str = "label") -> tuple[np.ndarray, np.ndarray]:
     """All examples of an npz or CSV source as checked numpy arrays in the spec's dtypes:
     features [N, *feature_shape], labels [N, *label_shape]."""
-    norm = _normalize_spec(spec)
+    norm = normalize_spec(spec)
     if source == "npz":
         features, labels = _load_npz(_single_file(path, "npz"), norm)
     elif source == "csv":
@@ -518,7 +447,7 @@ def _check_array(name: str, what: str, shape: tuple[int, ...], dtype: np.dtype,
                         " (convert, and scale images, before training)")
 
 
-def _check_npz_meta(name: str, headers: dict, spec: _Spec) -> tuple[str, str]:
+def _check_npz_meta(name: str, headers: dict, spec: Spec) -> tuple[str, str]:
     feature_key, label_key = _npz_keys(name, list(headers))
     (f_shape, f_dtype), (l_shape, l_dtype) = headers[feature_key], headers[label_key]
     _check_array(name, "features", f_shape, f_dtype, spec.feature_shape, spec.feature_dtype)
@@ -538,12 +467,12 @@ def _load_npz_array(name: str, key: str) -> np.ndarray:
         raise _read_error(name, err) from None
 
 
-def _check_npz(name: str, spec: _Spec) -> None:
+def _check_npz(name: str, spec: Spec) -> None:
     _, label_key = _check_npz_meta(name, _npz_headers(name), spec)
     _check_label_values(name, _load_npz_array(name, label_key), spec)
 
 
-def _load_npz(name: str, spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
+def _load_npz(name: str, spec: Spec) -> tuple[np.ndarray, np.ndarray]:
     """features [N, *feature_shape], labels [N, *label_shape] from a checked npz."""
     feature_key, label_key = _check_npz_meta(name, _npz_headers(name), spec)
     features, labels = _load_npz_array(name, feature_key), _load_npz_array(name, label_key)
@@ -552,7 +481,7 @@ def _load_npz(name: str, spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
             labels.reshape(-1, *spec.label_shape))
 
 
-def _check_label_values(name: str, labels: np.ndarray, spec: _Spec) -> None:
+def _check_label_values(name: str, labels: np.ndarray, spec: Spec) -> None:
     if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
         raise DataError(f"{name}: labels span [{labels.min()}, {labels.max()}], "
                         f"outside [0, {spec.num_classes})")
@@ -570,7 +499,7 @@ def _csv_rows(name: str) -> Iterator[list[str]]:
         raise _read_error(name, err) from None
 
 
-def _check_csv_header(name: str, header: list[str], spec: _Spec, label_column: str) -> int:
+def _check_csv_header(name: str, header: list[str], spec: Spec, label_column: str) -> int:
     """The label column's index; DataError if it is missing or the column count is off."""
     header = [column.strip() for column in header]
     if label_column not in header:
@@ -588,7 +517,7 @@ def _check_csv_header(name: str, header: list[str], spec: _Spec, label_column: s
 
 
 def _check_csv_row(name: str, line: int, row: list[str], label_index: int,
-                   spec: _Spec) -> None:
+                   spec: Spec) -> None:
     if len(row) != spec.num_features + 1:
         raise DataError(f"{name}: line {line} has {len(row)} fields, expected "
                         f"{spec.num_features + 1}")
@@ -605,7 +534,7 @@ def _check_csv_row(name: str, line: int, row: list[str], label_index: int,
                         f"[0, {spec.num_classes})")
 
 
-def _check_csv(files: list[str], spec: _Spec, label_column: str, rows: int) -> int:
+def _check_csv(files: list[str], spec: Spec, label_column: str, rows: int) -> int:
     """Check each file's header (all alike) and its first ``rows`` rows; the label index."""
     label_index, first_header = -1, None
     for name in files:
@@ -624,7 +553,7 @@ def _check_csv(files: list[str], spec: _Spec, label_column: str, rows: int) -> i
     return label_index
 
 
-def _load_csv(files: list[str], spec: _Spec, label_index: int) -> tuple[np.ndarray, np.ndarray]:
+def _load_csv(files: list[str], spec: Spec, label_index: int) -> tuple[np.ndarray, np.ndarray]:
     """features [N, num_features] and labels [N] of checked CSV files, parsed by numpy."""
     parts = []
     for name in files:
@@ -643,7 +572,7 @@ def _load_csv(files: list[str], spec: _Spec, label_index: int) -> tuple[np.ndarr
 # ----------------------------------------------------------------------- tfrecord
 
 
-def _check_example(name: str, index: int, record: bytes, spec: _Spec) -> str:
+def _check_example(name: str, index: int, record: bytes, spec: Spec) -> str:
     """Check one serialized Example against ``spec``; returns its label key."""
     where = f"{name}: record {index}"
     try:
@@ -690,7 +619,7 @@ def _tfrecord_records(name: str) -> Iterator[bytes]:
         raise _read_error(name, err) from None
 
 
-def _check_tfrecord_files(files: list[str], spec: _Spec) -> int:
+def _check_tfrecord_files(files: list[str], spec: Spec) -> int:
     """Read every record (the reader checks their CRCs), parse the first CHECK_RECORDS
     of each file and require one label key throughout; returns the record count."""
     total, first_key = 0, None
@@ -707,7 +636,7 @@ def _check_tfrecord_files(files: list[str], spec: _Spec) -> int:
     return total
 
 
-def _tfrecord_label_key(files: list[str], spec: _Spec) -> str:
+def _tfrecord_label_key(files: list[str], spec: Spec) -> str:
     """The label key of the first record found, checked against ``spec``."""
     for name in files:
         records = _tfrecord_records(name)
@@ -716,183 +645,3 @@ def _tfrecord_label_key(files: list[str], spec: _Spec) -> str:
         if record is not None:
             return _check_example(name, 0, record, spec)
     raise DataError(f"{_describe(files, files)}: no records in any file")
-
-
-# ------------------------------------------------------------------------ builtin
-
-_STROKES = 3  # class-specific strokes per image
-_DISTRACTORS = 256  # pool of random strokes, one added to every image
-_NOISE = 0.5  # std of the Gaussian pixel noise
-_SUCCESSOR_PROBS = (0.6, 0.25, 0.1, 0.05)  # 3 likely next tokens, then any token
-_MIN_IMAGE_SIDE = 8
-
-
-def builtin_arrays(spec: InputSpecLike, num_examples: int = 20000, seed: int = 0,
-                   training: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """The builtin data set: features [N, *feature_shape], labels [N, *label_shape].
-
-    The task (class templates, Markov chain) comes from ``seed``; the examples from a
-    train (``training=True``) or a held-out eval stream of the same seed:
-    ``np.random.SeedSequence(seed).spawn(3)``. Kinds, chosen from the spec:
-
-    * images (H, W, C), (H, W) or flat (H*W*C,) with C in {1, 3}: each class is 3 smooth
-      oriented strokes (anisotropic Gaussians) at class-specific places; an example
-      shifts them by up to 2 px (scaled to the image), scales each by U(0.5, 1.5), gives
-      each a random colour (C = 3), adds one random distractor stroke and N(0, 0.5^2)
-      pixel noise. A ridge linear classifier gets ~86% (28x28x1) and ~91% (32x32x3) on
-      the eval split, the best single pixel ~20%, a small CNN ~98% in 1,500 steps.
-    * other flat float vectors: two Gaussian clusters per class.
-    * token ids (T,) with labels (T,): windows of a random Markov chain over
-      num_classes tokens (3 likely successors per token) and the same windows shifted
-      by one as labels.
-    """
-    norm = _normalize_spec(spec)
-    kind = _builtin_kind(norm)
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-        raise DataError(f"builtin: num_examples must be a positive int, got {num_examples!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise DataError(f"builtin: seed must be a non-negative int, got {seed!r}")
-    bytes_needed = num_examples * (norm.num_features + norm.num_labels) * 4
-    if bytes_needed > MAX_BUILTIN_BYTES:
-        raise DataError(f"builtin: {num_examples} examples of shape {norm.feature_shape} need "
-                        f"{bytes_needed / 2**30:.1f} GiB; lower num_examples")
-    task, train, held_out = np.random.SeedSequence(seed).spawn(3)
-    task_rng = np.random.default_rng(task)
-    rng = np.random.default_rng(train if training else held_out)
-    if kind == "tokens":
-        features, labels = _markov_windows(task_rng, rng, num_examples, norm)
-    elif kind == "vectors":
-        features, labels = _cluster_vectors(task_rng, rng, num_examples, norm)
-    else:
-        features, labels = _stroke_images(task_rng, rng, num_examples, norm, _image_dims(norm))
-    features = features.reshape(-1, *norm.feature_shape)
-    labels = labels.reshape(-1, *norm.label_shape)
-    return (features.astype(norm.feature_dtype.as_numpy_dtype, copy=False),
-            labels.astype(norm.label_dtype.as_numpy_dtype, copy=False))
-
-
-def _builtin_kind(spec: _Spec) -> str:
-    """'images', 'vectors' or 'tokens'; DataError for a spec builtin cannot serve."""
-    if spec.int_features:
-        if len(spec.feature_shape) == 1 and spec.label_shape == spec.feature_shape:
-            return "tokens"
-        raise DataError(f"builtin: integer features need shape (T,) and labels (T,) (a "
-                        f"language model), got {spec.feature_shape} and {spec.label_shape}")
-    if spec.label_shape != ():
-        raise DataError(f"builtin: float features need scalar class labels, got label "
-                        f"shape {spec.label_shape}")
-    return "images" if _image_dims(spec) else "vectors"
-
-
-def _image_dims(spec: _Spec) -> tuple[int, int, int] | None:
-    """(H, W, C) when the spec is an image or a flattened square image, else None."""
-    shape = spec.feature_shape
-    if len(shape) == 3 and min(shape[:2]) >= _MIN_IMAGE_SIDE:
-        return shape
-    if len(shape) == 2 and min(shape) >= _MIN_IMAGE_SIDE:
-        return (*shape, 1)
-    if len(shape) == 1:
-        for channels in (1, 3):
-            side = math.isqrt(shape[0] // channels)
-            if side >= _MIN_IMAGE_SIDE and side * side * channels == shape[0]:
-                return side, side, channels
-    return None
-
-
-def _strokes(rng: np.random.Generator, count: int, height: int, width: int,
-             margin: float) -> tuple[np.ndarray, ...]:
-    """Random stroke parameters, each [count]: centre y, x, angle, long and short std."""
-    scale = min(height, width) / 28.0
-    return (rng.uniform(margin, 28 - margin, count) * height / 28,
-            rng.uniform(margin, 28 - margin, count) * width / 28,
-            rng.uniform(0, np.pi, count),
-            rng.uniform(2.5, 4.5, count) * scale,
-            rng.uniform(0.9, 1.4, count) * scale)
-
-
-def _render(height: int, width: int, cy: np.ndarray, cx: np.ndarray, angle: np.ndarray,
-            long_std: np.ndarray, short_std: np.ndarray) -> np.ndarray:
-    """Strokes [M] -> maps [M, H, W] float32 peaking at 1 (rotated Gaussians)."""
-    yy, xx = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")
-    dy, dx = yy - cy[:, None, None], xx - cx[:, None, None]
-    cos, sin = np.cos(angle)[:, None, None], np.sin(angle)[:, None, None]
-    along, across = dx * cos + dy * sin, dy * cos - dx * sin
-    return np.exp(-0.5 * ((along / long_std[:, None, None]) ** 2
-                          + (across / short_std[:, None, None]) ** 2)).astype(np.float32)
-
-
-def _colours(rng: np.random.Generator, shape: tuple[int, ...], channels: int) -> np.ndarray:
-    """Random colours [*shape, C] with their brightest channel at 1."""
-    colours = rng.uniform(0.2, 1.0, (*shape, channels))
-    return (colours / colours.max(axis=-1, keepdims=True)).astype(np.float32)
-
-
-def _class_banks(task_rng: np.random.Generator, num_classes: int, height: int, width: int,
-                 shift: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pre-rendered strokes: class strokes at every integer shift [K, S, P, H, W]
-    (P = (2 shift + 1)^2) and distractor strokes [D, H, W]."""
-    offsets = np.arange(-shift, shift + 1)
-    side = len(offsets)
-    cy, cx, angle, long_std, short_std = _strokes(task_rng, num_classes * _STROKES,
-                                                  height, width, margin=7)
-    shifted_y = (cy[:, None] + np.repeat(offsets, side)[None]).ravel()
-    shifted_x = (cx[:, None] + np.tile(offsets, side)[None]).ravel()
-    each = side * side
-    classes = _render(height, width, shifted_y, shifted_x, np.repeat(angle, each),
-                      np.repeat(long_std, each), np.repeat(short_std, each))
-    distractors = _render(height, width, *_strokes(task_rng, _DISTRACTORS, height, width, 4))
-    return classes.reshape(num_classes, _STROKES, each, height, width), distractors
-
-
-def _stroke_images(task_rng: np.random.Generator, rng: np.random.Generator, count: int,
-                   spec: _Spec, dims: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """images [N, H, W, C] float32 and labels [N]; vectorised: per-class strokes are
-    rendered once at every shift and gathered, so generation is a few array passes.
-    Stroke colours are random per example (all 1 for C = 1): shape carries the class."""
-    height, width, channels = dims
-    shift = max(1, round(2 * min(height, width) / 28))
-    classes, distractors = _class_banks(task_rng, spec.num_classes, height, width, shift)
-    labels = rng.integers(0, spec.num_classes, count)
-    shifts = rng.integers(0, classes.shape[2], count)
-    # per example, stroke and channel: the class strokes' and the distractor's intensity
-    amplitudes = np.concatenate([rng.uniform(0.5, 1.5, (count, _STROKES)),
-                                 rng.uniform(0.0, 1.0, (count, 1))], axis=1)
-    weights = (amplitudes[..., None] * _colours(rng, (count, _STROKES + 1), channels))
-    weights = weights.astype(np.float32)[:, :, None, None, :]  # [N, S + 1, 1, 1, C]
-    images = rng.standard_normal((count, *dims), dtype=np.float32)
-    images *= _NOISE
-    for stroke in range(_STROKES):
-        images += classes[labels, stroke, shifts][..., None] * weights[:, stroke]
-    images += distractors[rng.integers(0, _DISTRACTORS, count)][..., None] * weights[:, -1]
-    return images, labels
-
-
-def _cluster_vectors(task_rng: np.random.Generator, rng: np.random.Generator, count: int,
-                     spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
-    """vectors [N, D] float32, two unit-variance Gaussian clusters per class, labels [N]."""
-    means = task_rng.normal(0.0, 1.0, (spec.num_classes, 2, spec.num_features))
-    labels = rng.integers(0, spec.num_classes, count)
-    modes = rng.integers(0, 2, count)
-    vectors = means[labels, modes] + rng.standard_normal((count, spec.num_features))
-    return vectors.astype(np.float32), labels
-
-
-def _markov_windows(task_rng: np.random.Generator, rng: np.random.Generator, count: int,
-                    spec: _Spec) -> tuple[np.ndarray, np.ndarray]:
-    """Token windows [N, T] of a Markov chain and the next tokens [N, T].
-
-    Each token has 3 likely successors (p = 0.6, 0.25, 0.1) and with p = 0.05 any token
-    follows. The loop runs over the T steps only (each token depends on the previous
-    one); every step is vectorised over the N independent chains.
-    """
-    vocab, steps = spec.num_classes, spec.feature_shape[0]
-    likely = len(_SUCCESSOR_PROBS) - 1
-    successors = task_rng.integers(0, vocab, (vocab, likely))
-    choice = rng.choice(len(_SUCCESSOR_PROBS), size=(count, steps), p=_SUCCESSOR_PROBS)
-    anything = rng.integers(0, vocab, (count, steps))
-    tokens = np.empty((count, steps + 1), np.int64)
-    tokens[:, 0] = rng.integers(0, vocab, count)
-    for step in range(steps):
-        following = successors[tokens[:, step], np.minimum(choice[:, step], likely - 1)]
-        tokens[:, step + 1] = np.where(choice[:, step] == likely, anything[:, step], following)
-    return tokens[:, :-1], tokens[:, 1:]
