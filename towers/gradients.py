@@ -37,19 +37,22 @@ def sum_gradients(grads: Sequence[Gradient]) -> Gradient:
     return tf.add_n([tf.convert_to_tensor(g) for g in present])
 
 
-def aggregate_on_variable_devices(
-    tower_grads: Sequence[Sequence[Gradient]], variables: Sequence[tf.Variable]
+def aggregate(
+    tower_grads: Sequence[Sequence[Gradient]],
+    variables: Sequence[tf.Variable],
+    device: str | None = None,
 ) -> list[Gradient]:
-    """Sum each variable's tower gradients on the device that holds the variable.
+    """Sum each variable's tower gradients, on `device` or else where the variable lives.
 
     tower_grads[i][j] is tower i's (weighted) gradient for variables[j]. Summing
     where the variable lives sends each tower's gradient across once and keeps
     the update local (tf_cnn_benchmarks calls this aggregation with variable
-    colocation).
+    colocation). A worker whose variables live on remote ps tasks sums on its
+    own device instead, so one gradient per variable crosses the network.
     """
     summed = []
     for j, var in enumerate(variables):
-        with tf.device(var.device), tf.name_scope("aggregate"):
+        with tf.device(device or var.device), tf.name_scope("aggregate"):
             summed.append(sum_gradients([grads[j] for grads in tower_grads]))
     return summed
 

@@ -55,6 +55,7 @@ def build_train_op(
     param_device: str | DeviceFn = "/cpu:0",
     clip_norm: float | None = None,
     global_step: tf.Variable | None = None,
+    aggregation_device: str | None = None,
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -64,6 +65,9 @@ def build_train_op(
     param_device: where variables live in parameter_server mode: a device
         string, "least_loaded" (spread over `devices` by byte size), or a device
         function of the variable op (for replica_device_setter).
+    aggregation_device: parameter_server mode: where tower gradients are summed;
+        None sums on each variable's device. A ps/worker job's worker passes its
+        own CPU so it sends one gradient per variable to the ps tasks.
     """
     devices = _check_devices(devices)
     if variable_update not in VARIABLE_UPDATES:
@@ -95,8 +99,8 @@ def build_train_op(
         apply_op, norm = _apply_replicated(towers, tower_grads, optimizer, clip_norm, global_step)
         sync_op = _sync_replicas(towers, optimizer)
     else:
-        summed = grad_lib.aggregate_on_variable_devices(tower_grads, towers[0].trainable)
-        with tf.device(home):
+        summed = grad_lib.aggregate(tower_grads, towers[0].trainable, aggregation_device)
+        with tf.device(aggregation_device or home):
             summed, norm = grad_lib.clip_by_global_norm(summed, clip_norm)
         apply_op = optimizer.apply_gradients(_pairs(summed, towers[0].trainable), global_step)
         sync_op = tf.no_op(name="sync_replicas")
