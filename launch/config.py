@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "ClusterConfig",
     "ConfigError",
     "DataConfig",
     "EvalConfig",
@@ -279,6 +280,17 @@ def _device_string(value: Any) -> str:
             f"expected a device string such as '/gpu:0', '/cpu:1' or "
             f"'/job:worker/task:0/device:GPU:0', got {_describe(value)}"
         )
+    return value
+
+
+_HOST_PORT_RE = re.compile(r"(\[[0-9a-fA-F:]+\]|[\w.\-]+):(\d{1,5})")
+
+
+def _host_port(value: Any) -> str:
+    """'host:port' with a port in 1..65535 ('[::1]:port' for IPv6)."""
+    match = _HOST_PORT_RE.fullmatch(value) if isinstance(value, str) else None
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise _Invalid(f"expected 'host:port' such as '10.0.0.5:2222', got {_describe(value)}")
     return value
 
 
@@ -540,6 +552,10 @@ class TrainConfig:
     histograms: bool = _field(False, _boolean)
     warm_start: WarmStartConfig | None = _field(None, _optional(_warm_start))
     seed: int = _field(0, _number(int, ge=0, le=_MAX_SEED))
+    # ps/worker jobs only: synchronous updates aggregate one gradient from each of
+    # (workers - backup_workers) workers per step; the slowest backups are dropped.
+    sync: bool = _field(False, _boolean)
+    backup_workers: int = _field(0, _number(int, ge=0))
 
 
 @dataclass(frozen=True)
@@ -581,6 +597,25 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """cluster: ps/worker addresses for distributed jobs; all empty means in-process.
+
+    chief: optional, at most one (as Kubeflow's TFJob writes it); without it worker 0
+    is chief. evaluator: at most one; it runs no server. Timeouts bound every wait:
+    startup for peers to come up, operation for a step (a dead peer becomes an
+    error instead of a hang), shutdown grace for the last workers to report done.
+    """
+
+    ps: tuple[str, ...] = _field((), _unique(_tuple_of(_host_port)))
+    worker: tuple[str, ...] = _field((), _unique(_tuple_of(_host_port)))
+    chief: tuple[str, ...] = _field((), _tuple_of(_host_port))
+    evaluator: tuple[str, ...] = _field((), _tuple_of(_host_port))
+    startup_timeout_secs: float = _field(120.0, _number(float, gt=0))
+    operation_timeout_secs: float = _field(300.0, _number(float, gt=0))
+    shutdown_grace_secs: float = _field(30.0, _number(float, gt=0))
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A whole job; ``JobConfig()`` is the built-in default job."""
 
@@ -593,6 +628,7 @@ class JobConfig:
     eval: EvalConfig = _section_field(EvalConfig)
     session: SessionConfig = _section_field(SessionConfig)
     metrics: MetricsConfig = _section_field(MetricsConfig)
+    cluster: ClusterConfig = _section_field(ClusterConfig)
 
 
 # ---------------------------------------------------------------------------------------
@@ -651,6 +687,18 @@ def _check_metrics(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
                        [given])
 
 
+def _check_cluster(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
+    for key in ("chief", "evaluator"):
+        if len(values[key]) > 1:
+            raise _Invalid(f"at most one address, got {len(values[key])}", key)
+    addresses = [a for key in ("ps", "worker", "chief") for a in values[key]]
+    repeated = sorted({a for a in addresses if addresses.count(a) > 1})
+    if repeated:
+        raise _Invalid(f"address used by two tasks: {', '.join(repeated)}", "worker")
+    if values["ps"] and not (values["worker"] or values["chief"]):
+        raise _Invalid("a cluster with ps tasks needs at least one worker", "worker")
+
+
 def _check_job(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
     devices = values["towers"].devices
     num_towers = devices if isinstance(devices, int) else (
@@ -667,6 +715,7 @@ _SECTION_CHECKS: dict[type, Callable[[dict[str, Any], Mapping[str, Any]], None]]
     ScheduleConfig: _check_schedule,
     TrainConfig: _check_train,
     MetricsConfig: _check_metrics,
+    ClusterConfig: _check_cluster,
     JobConfig: _check_job,
 }
 

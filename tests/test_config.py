@@ -70,6 +70,8 @@ train:
   histograms: false
   warm_start: null
   seed: 0
+  sync: false
+  backup_workers: 0
 eval:
   steps: 20
   batch_size: 256
@@ -87,6 +89,14 @@ metrics:
   addr: 127.0.0.1
   certfile: null
   keyfile: null
+cluster:
+  ps: []
+  worker: []
+  chief: []
+  evaluator: []
+  startup_timeout_secs: 120.0
+  operation_timeout_secs: 300.0
+  shutdown_grace_secs: 30.0
 """
 
 # Every key set to something other than its default.
