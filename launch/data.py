@@ -87,6 +87,7 @@ class _Pipeline:
     seed: int
     training: bool
     repeat: bool
+    shard: tuple[int, int] = (0, 1)  # (index, count): this reader keeps every count-th record
 
     @property
     def drop_remainder(self) -> bool:
@@ -110,6 +111,12 @@ def _batched(records: tf.data.Dataset, p: _Pipeline, shuffle_buffer: int,
     ``parse`` maps a batch of records [B] to features [B, *feature_shape] and labels
     [B, *label_shape].
     """
+    index, count = p.shard
+    if count > 1:
+        # Record-level sharding works for every source and any number of files;
+        # each reader still scans all files, which costs I/O but never drops data.
+        records = records.shard(count, index)
+        shuffle_buffer = -(-shuffle_buffer // count)
     if p.training and shuffle_buffer > 1:
         records = records.shuffle(shuffle_buffer, seed=p.seed, reshuffle_each_iteration=True)
     if p.repeat:
@@ -246,7 +253,7 @@ def make_dataset(source: str, spec: InputSpecLike, batch_size: int, *, path: Pat
                  label_column: str = "label", shuffle_buffer: int = 10000,
                  num_parallel_calls: int | None = None, prefetch: int | None = None,
                  num_examples: int = 20000, seed: int = 0, training: bool = True,
-                 repeat: bool = True) -> tf.data.Dataset:
+                 repeat: bool = True, shard: tuple[int, int] = (0, 1)) -> tf.data.Dataset:
     """A dataset of (features [B, *feature_shape], labels [B, *label_shape]), B = batch_size.
 
     ``training=False`` reads the evaluation data (builtin: the held-out split; files:
@@ -256,6 +263,8 @@ def make_dataset(source: str, spec: InputSpecLike, batch_size: int, *, path: Pat
     epochs of indices; file sources use ``shuffle_buffer`` records. The ops are built
     in the default graph on /cpu:0. Cheap checks run here (headers, first records,
     npz arrays); :func:`check_source` is the thorough pre-flight. Raises DataError.
+    ``shard=(i, n)``: keep every n-th example starting at i, so n readers (workers,
+    Horovod ranks) see disjoint parts of the data.
     """
     norm = normalize_spec(spec)
     if source not in SOURCES:
@@ -264,7 +273,7 @@ def make_dataset(source: str, spec: InputSpecLike, batch_size: int, *, path: Pat
         raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
     p = _Pipeline(batch_size, int(shuffle_buffer), _autotune(num_parallel_calls,
                   "num_parallel_calls"), _autotune(prefetch, "prefetch"), int(seed),
-                  bool(training), bool(repeat))
+                  bool(training), bool(repeat), shard)
     with tf.device("/cpu:0"), tf.name_scope("input"):
         if source == "synthetic":
             return _synthetic_dataset(norm, p, num_examples)

@@ -178,6 +178,22 @@ def test_npz_round_trip(graph, tmp_path, keys):
     assert not np.array_equal(shuffled[1], labels)
 
 
+@pytest.mark.parametrize("source", ["npz", "csv"])
+def test_shards_are_disjoint_and_cover_the_data(graph, tmp_path, source):
+    features, labels = _small_arrays()
+    np.savez(tmp_path / "set.npz", features=features.reshape(48, 6), labels=labels)
+    path = tmp_path / "set.npz"
+    if source == "csv":
+        path = tmp_path / "set.csv"
+        _write_csv(path, features.reshape(48, 6), labels)
+    parts = [_as_set(*_concat(_run(make_dataset(source, SMALL, 4, path=path, repeat=False,
+                                                 seed=1, shard=(i, 3)))))
+             for i in range(3)]
+    assert all(len(part) == 16 for part in parts)
+    assert not (parts[0] & parts[1] or parts[1] & parts[2] or parts[0] & parts[2])
+    assert parts[0] | parts[1] | parts[2] == _as_set(features, labels)
+
+
 def test_csv_round_trip(graph, tmp_path):
     features, labels = _small_arrays()
     path = tmp_path / "set.csv"
