@@ -2,7 +2,8 @@
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 2 bad input (job file, flags, data, devices, checkpoint directory), one line
-on stderr and nothing written.
+on stderr and nothing written; 4 a peer task of a ps/worker job could not be
+reached in time (retryable: restart the task).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_PEER_UNAVAILABLE = 4
 
 EPILOG_TRAIN = """examples:
   towers train                                  # built-in default job: convnet, all devices
@@ -57,6 +59,37 @@ examples:
   towers data convert -c job.yaml --out data/train --shards 8
   then train with: --set data.source=tfrecord --set 'data.path=data/train-*.tfrecord'
 """
+
+
+EPILOG_ROLES = """The same job file as `towers train`; the cluster comes from the job file's
+cluster section, the flags below, or TF_CONFIG (as Kubeflow's TFJob sets it).
+Worker 0 is chief unless the cluster has a chief task. TensorFlow's gRPC runtime
+has no authentication or encryption and runs any graph it is sent: keep cluster
+ports on a trusted network.
+
+examples:
+  towers ps     -c job.yaml --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222 --task-index 0
+  towers worker -c job.yaml --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222 --task-index 1
+  TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 0}}' towers worker -c job.yaml
+"""
+
+EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
+task's lines with its name, forwards Ctrl-C/SIGTERM to every task, and exits
+non-zero if any task failed. The last line on stdout is the chief's JSON result.
+
+examples:
+  towers local-cluster --ps 1 --workers 2
+  towers local-cluster -c job.yaml --ps 2 --workers 2 --evaluator --set train.sync=true
+"""
+
+
+def _cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ps-hosts", metavar="H:P,...", help="comma-separated ps addresses")
+    parser.add_argument("--worker-hosts", metavar="H:P,...",
+                        help="comma-separated worker addresses (worker 0 is chief)")
+    parser.add_argument("--job-name", choices=["ps", "worker", "chief", "evaluator"],
+                        help="this task's job (default: the command's)")
+    parser.add_argument("--task-index", type=int, metavar="I", help="this task's index in its job")
 
 
 def _job_args(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     _job_args(devices)
+
+    for role, text in [("ps", "serve variables for a ps/worker job until it ends"),
+                       ("worker", "train as one worker of a ps/worker job"),
+                       ("evaluator", "evaluate a ps/worker job's checkpoints as they appear")]:
+        parser_ = commands.add_parser(role, help=text, epilog=EPILOG_ROLES, formatter_class=raw)
+        _job_args(parser_)
+        _cluster_args(parser_)
+
+    local = commands.add_parser("local-cluster", help="run a whole ps/worker job on this host",
+                                epilog=EPILOG_LOCAL_CLUSTER, formatter_class=raw)
+    _job_args(local)
+    local.add_argument("--ps", type=int, default=1, metavar="N", help="ps tasks (default 1)")
+    local.add_argument("--workers", type=int, default=2, metavar="N",
+                       help="worker tasks (default 2)")
+    local.add_argument("--evaluator", action="store_true", help="also run an evaluator")
 
     data = commands.add_parser("data", help="data tools").add_subparsers(
         dest="data_command", metavar="TOOL", required=True
@@ -233,6 +281,13 @@ def _run(args) -> int:
         from launch.devices import describe
 
         print(describe(job.session))
+    elif args.command in ("ps", "worker", "evaluator"):
+        _print_json(_run_role(args, job))
+    elif args.command == "local-cluster":
+        from launch.local_cluster import run_local_cluster
+
+        return run_local_cluster(args.config, args.overrides, args.ps, args.workers,
+                                 args.evaluator)
     elif args.command == "data":
         from launch.convert import convert_to_tfrecord
         from launch.train import make_plan
@@ -250,13 +305,31 @@ def _run(args) -> int:
     return EXIT_OK
 
 
+def _run_role(args, job) -> dict:
+    from launch import cluster, roles
+
+    flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
+    task = cluster.resolve(job.cluster, flags, args.command)
+    if args.command == "ps":
+        return roles.run_ps(job, task)
+    if args.command == "worker":
+        return roles.run_worker(job, task)
+    from launch.evaluate import evaluate
+
+    # Evaluates until the checkpoint at train.steps appears, however long training takes.
+    return evaluate(job, watch=True)
+
+
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from launch.checkpoints import CheckpointError
+    from launch.cluster import ClusterError
     from launch.config import ConfigError
     from launch.data import DataError
     from launch.devices import DeviceError
+    from launch.metrics import MetricsError
 
-    return ConfigError, DataError, DeviceError, CheckpointError
+    return (ConfigError, DataError, DeviceError, CheckpointError, ClusterError,
+            MetricsError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -264,16 +337,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "shards", 1) < 1:
         print("towers: error: --shards must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from launch.cluster import PeerUnavailable
+
+    source = args.config or "<built-in job>"
     try:
         return _run(args)
     except _bad_input_errors() as err:
-        source = args.config or "<built-in job>"
         message = str(err)
         if not message.startswith(source) and not message.startswith("--set"):
             message = f"{source}: {message}"
         print(f"towers: error: {message}", file=sys.stderr)
         return EXIT_BAD_INPUT
-
+    except PeerUnavailable as err:
+        print(f"towers: error: {err}", file=sys.stderr)
+        return EXIT_PEER_UNAVAILABLE
 
 if __name__ == "__main__":
     sys.exit(main())

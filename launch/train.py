@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,7 +11,8 @@ import tensorflow as tf
 
 import models
 import towers
-from launch import checkpoints, data
+from launch import checkpoints, data, metrics
+from launch.cluster import PeerUnavailable
 from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, tower_devices
 from launch.hooks import PlacementTraceHook, ProgressHook, StepRecord, StopOnSignalHook
@@ -27,13 +29,24 @@ def log(message: str) -> None:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything resolved about a job before a graph is built."""
+    """Everything resolved about a job before a graph is built: what runs where.
+
+    devices: the tower devices. param_device: where variables live, a device or a
+    device function (a ps/worker job's replica_device_setter). host: where the
+    input pipeline and other host-side ops run. aggregation: where tower gradients
+    are summed (None: on each variable's device). batch_size and shard: this
+    process's part of every global batch and of the data.
+    """
 
     job: JobConfig
     model: models.Model
     devices: list[str]
-    param_device: str
+    param_device: str | towers.placement.DeviceFn
     session: V1.ConfigProto
+    host: str = "/cpu:0"
+    aggregation: str | None = None
+    batch_size: int = 0
+    shard: tuple[int, int] = (0, 1)
 
 
 def make_plan(job: JobConfig) -> Plan:
@@ -48,7 +61,7 @@ def make_plan(job: JobConfig) -> Plan:
             f"{len(devices)} towers; use at least one example per tower"
         )
     config = session_config(job.session, num_cpu_devices(devices, param))
-    return Plan(job, model, devices, param, config)
+    return Plan(job, model, devices, param, config, batch_size=job.train.batch_size)
 
 
 def preflight(plan: Plan) -> None:
@@ -69,7 +82,7 @@ def input_tensors(plan: Plan, training: bool, batch_size: int):
     """features, labels of one global batch, produced on the host CPU."""
     cfg = plan.job.data
     path = cfg.path if training or not cfg.eval_path else cfg.eval_path
-    with tf.device("/cpu:0"):
+    with tf.device(plan.host):
         dataset = data.make_dataset(
             cfg.source,
             plan.model.input_spec,
@@ -82,19 +95,30 @@ def input_tensors(plan: Plan, training: bool, batch_size: int):
             num_examples=cfg.num_examples,
             seed=cfg.seed,
             training=training,
+            shard=plan.shard if training else (0, 1),
         )
         return data.input_tensors(dataset)
 
 
-def build_training_graph(plan: Plan) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
-    """The whole training graph in the default graph; returns ops, scaffold, learning rate."""
+OptimizerWrapper = Callable[[V1.train.Optimizer], V1.train.Optimizer]
+
+
+def build_training_graph(
+    plan: Plan, wrap_optimizer: OptimizerWrapper | None = None
+) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
+    """The whole training graph in the default graph; returns ops, scaffold, learning rate.
+
+    wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
+    """
     job = plan.job
     V1.set_random_seed(job.train.seed)
-    features, labels = input_tensors(plan, training=True, batch_size=job.train.batch_size)
-    with tf.device(plan.param_device if plan.param_device != "least_loaded" else "/cpu:0"):
+    features, labels = input_tensors(plan, training=True, batch_size=plan.batch_size)
+    with V1.device(plan.param_device if plan.param_device != "least_loaded" else plan.host):
         global_step = V1.train.get_or_create_global_step()
     rate = learning_rate(job.optimizer, global_step)
     optimizer = make_optimizer(job.optimizer, rate)
+    if wrap_optimizer is not None:
+        optimizer = wrap_optimizer(optimizer)
     ops = towers.build_train_op(
         plan.model.model_fn,
         features,
@@ -105,6 +129,7 @@ def build_training_graph(plan: Plan) -> tuple[towers.TrainOps, V1.train.Scaffold
         param_device=plan.param_device,
         clip_norm=job.optimizer.clip_norm,
         global_step=global_step,
+        aggregation_device=plan.aggregation,
     )
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
@@ -137,35 +162,98 @@ def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> N
             V1.summary.histogram(var.op.name, var)
 
 
-def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
-    """Train to job.train.steps (resuming from checkpoint_dir); return the final record."""
-    plan = make_plan(job)
-    preflight(plan)
+def _wait_for_chief(master: str, config: V1.ConfigProto, timeout: float) -> None:
+    """Poll every half second until the chief has initialised the variables.
+
+    MonitoredTrainingSession's own wait re-checks only every 30 s, which would idle
+    every non-chief worker for that long at each start.
+    """
+    uninitialized = V1.report_uninitialized_variables()
+    deadline = time.monotonic() + timeout
+    with V1.Session(master, config=config) as sess:
+        while len(sess.run(uninitialized)):
+            if time.monotonic() > deadline:
+                raise PeerUnavailable(
+                    f"cluster: the chief did not initialise the variables within {timeout:g} s"
+                )
+            time.sleep(0.5)
+
+
+HooksFactory = Callable[[towers.TrainOps], list[V1.train.SessionRunHook]]
+
+
+@metrics.served("train")  # serves job.metrics for the call; started first, to fail fast
+def train(
+    job: JobConfig,
+    write: Callable[[str], None] = log,
+    *,
+    plan: Plan | None = None,
+    master: str = "",
+    is_chief: bool = True,
+    wrap_optimizer: OptimizerWrapper | None = None,
+    extra_hooks: HooksFactory | None = None,
+    max_wait_secs: float = 7200.0,
+    stop_grace_secs: float = 120.0,
+) -> dict:
+    """Train to job.train.steps (resuming from checkpoint_dir); return the final record.
+
+    In-process by default. A ps/worker worker passes its plan, its server's target
+    as master, whether it is chief, and the cluster's optimizer wrapper and hooks;
+    only the chief checks, restores and writes checkpoints and summaries, and the
+    others wait at most max_wait_secs for it to initialise the variables.
+    """
+    plan = plan or make_plan(job)
+    if is_chief:
+        preflight(plan)
+    else:
+        data.check_source(
+            job.data.source,
+            plan.model.input_spec,
+            path=job.data.path,
+            label_column=job.data.label_column,
+        )
     cfg = job.train
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(plan)
-        checkpoints.check_compatible(cfg.checkpoint_dir)
+        ops, scaffold, rate = build_training_graph(plan, wrap_optimizer)
+        if is_chief:
+            checkpoints.check_compatible(cfg.checkpoint_dir)
+        cluster_hooks = extra_hooks(ops) if extra_hooks else []
+        where = "the ps tasks" if callable(plan.param_device) else plan.param_device
         write(
             f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
-            f"variables on {plan.param_device} ({job.towers.variable_update})"
+            f"variables on {where} ({job.towers.variable_update})"
         )
+        if not is_chief:
+            _wait_for_chief(master, plan.session, max_wait_secs)
+        served = metrics.training_hooks(ops, rate, len(plan.devices), plan.batch_size, job.session)
         progress = ProgressHook(
             {"loss": ops.loss, **ops.metrics},
             ops.global_step,
-            cfg.batch_size,
+            plan.batch_size,
             cfg.steps,
             cfg.log_every_steps,
-            cfg.checkpoint_dir,
+            cfg.checkpoint_dir if is_chief else None,
             write,
+            on_step=served.on_step,  # hands its fetched values to the metrics
         )
         stopper = StopOnSignalHook(write)
-        hooks = [V1.train.StopAtStepHook(last_step=cfg.steps), progress, stopper]
+        hooks = [
+            *served.hooks,  # first, so its step timer starts right before the session run
+            V1.train.StopAtStepHook(last_step=cfg.steps),
+            progress,
+            stopper,
+            *cluster_hooks,
+        ]
         chief_hooks = [
-            checkpoints.saver_hook(cfg, scaffold, write),
+            checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
             PlacementTraceHook(cfg.checkpoint_dir),
         ]
         with V1.train.MonitoredTrainingSession(
+            master=master,
+            is_chief=is_chief,
+            max_wait_secs=max_wait_secs,
+            stop_grace_period_secs=stop_grace_secs,
             checkpoint_dir=cfg.checkpoint_dir,
             scaffold=scaffold,
             hooks=hooks,

@@ -1,0 +1,233 @@
+"""`towers ps`, `towers worker`, `towers evaluator`: the processes of a ps/worker job.
+
+How a job ends, so that no process waits forever:
+- every worker, once its training session has closed (the chief's final
+  checkpoint written, its graph cleaned up on the ps), puts its rank on a
+  "finished" queue on every ps task;
+- a ps task exits when every worker has reported, or `shutdown_grace_secs`
+  after the first report (a worker that died will never report);
+- in synchronous mode the chief, on stopping, also puts a token on a "chief
+  done" queue that the other workers check every step, and releases sync
+  tokens so a worker blocked waiting for its next token wakes up and sees it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+import towers
+from launch.cluster import ClusterError, Task, wait_for_peers
+from launch.config import JobConfig
+from launch.train import Plan, log, make_plan, train
+
+V1 = tf.compat.v1
+QUEUE_CAPACITY = 1024  # far more than reports ever sent; a full queue would block a worker
+
+
+def _queue(name: str, device: str) -> tf.queue.FIFOQueue:
+    """A queue that lives on `device` and is shared by name across the cluster's graphs."""
+    with tf.device(device):
+        return tf.queue.FIFOQueue(
+            QUEUE_CAPACITY, [tf.int32], shapes=[[]], shared_name=name, name=name
+        )
+
+
+def finished_queue(ps_index: int) -> tf.queue.FIFOQueue:
+    return _queue(f"towers_finished_{ps_index}", f"/job:ps/task:{ps_index}")
+
+
+def worker_plan(job: JobConfig, task: Task) -> Plan:
+    """The in-process plan moved onto this worker: towers on its devices, variables on ps."""
+    if not task.cluster.get("ps"):
+        raise ClusterError("cluster.ps: a ps/worker job needs at least one ps task")
+    if job.towers.variable_update != "parameter_server":
+        raise ClusterError(
+            "towers.variable_update: ps/worker jobs keep variables on the ps tasks; "
+            f"use parameter_server, not {job.towers.variable_update}"
+        )
+    base = make_plan(job)
+    sizes = towers.shard_sizes(job.train.batch_size, task.num_workers)
+    batch = sizes[task.worker_rank]
+    if min(sizes) < len(base.devices):
+        raise ClusterError(
+            f"train.batch_size: a global batch of {job.train.batch_size} over "
+            f"{task.num_workers} workers with {len(base.devices)} tower(s) each leaves a "
+            f"tower without examples"
+        )
+    setter = V1.train.replica_device_setter(
+        cluster=task.cluster_spec(),
+        worker_device=task.device,
+        ps_strategy=towers.GreedyByteBalancer(len(task.cluster["ps"])),
+    )
+    host = f"{task.device}/cpu:0"
+    return dataclasses.replace(
+        base,
+        devices=[f"{task.device}{d}" for d in base.devices],
+        param_device=setter,
+        host=host,
+        aggregation=host,
+        batch_size=batch,
+        shard=(task.worker_rank, task.num_workers),
+        session=_worker_session(base.session, task, job.cluster.operation_timeout_secs),
+    )
+
+
+def _worker_session(base: V1.ConfigProto, task: Task, timeout_secs: float) -> V1.ConfigProto:
+    """Device filters, so workers never wait on each other; a bound on every operation,
+    so a dead peer becomes an error instead of a hang."""
+    config = V1.ConfigProto()
+    config.CopyFrom(base)
+    config.device_filters.extend(["/job:ps", task.device])
+    config.operation_timeout_in_ms = int(timeout_secs * 1000)
+    return config
+
+
+class _Ending(V1.train.SessionRunHook):
+    """Stop the other workers when the chief stops (see the module docstring)."""
+
+    def __init__(self, task: Task, sync: V1.train.SyncReplicasOptimizer | None):
+        self._task = task
+        self._chief_done = _queue("towers_chief_done", "/job:ps/task:0")
+        self._chief_done_size = self._chief_done.size()
+        if task.is_chief:
+            signals = [self._chief_done.enqueue_many(tf.zeros([task.num_workers], tf.int32))]
+            if sync is not None:
+                signals.append(sync.get_init_tokens_op(num_tokens=task.num_workers))
+            self._signal_done = tf.group(*signals)
+
+    def before_run(self, run_context):
+        if self._task.is_chief:
+            return None
+        return V1.train.SessionRunArgs(self._chief_done_size)
+
+    def after_run(self, run_context, run_values) -> None:
+        if not self._task.is_chief and run_values.results:
+            run_context.request_stop()
+
+    def end(self, session) -> None:
+        if self._task.is_chief:
+            session.run(self._signal_done)
+
+
+def _quiet_cancelled_queue_runners() -> None:
+    """Don't print a traceback for the sync chief's queue runner cancelled at shutdown.
+
+    Closing the chief's session cancels the runner's wait for gradients that
+    stopped workers will never send (see run_worker); that ending is expected.
+    """
+    default = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        cancelled = isinstance(args.exc_value, tf.errors.CancelledError)
+        if not (cancelled and args.thread and args.thread.name.startswith("QueueRunnerThread")):
+            default(args)
+
+    threading.excepthook = hook
+
+
+def _report_finished(task: Task, server: tf.distribute.Server, config: V1.ConfigProto) -> None:
+    """Tell every ps task this worker is done, from a fresh session after training's."""
+    graph = tf.Graph()
+    with graph.as_default():
+        rank = tf.constant(task.worker_rank)
+        report = tf.group(
+            *[finished_queue(k).enqueue(rank) for k in range(len(task.cluster["ps"]))]
+        )
+    with V1.Session(server.target, graph=graph, config=config) as sess:
+        sess.run(report)
+
+
+def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
+    plan = worker_plan(job, task)
+    server = tf.distribute.Server(
+        task.cluster_spec(), task.job_name, task.task_index, config=plan.session, start=True
+    )
+    write(
+        f"{task.job_name} {task.task_index} serving on {task.address}"
+        f"{' (chief)' if task.is_chief else ''}"
+    )
+    wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
+    sync_holder: list[V1.train.SyncReplicasOptimizer] = []
+
+    def wrap(optimizer):
+        replicas = task.num_workers - job.train.backup_workers
+        if replicas < 1:
+            raise ClusterError(
+                f"train.backup_workers: {job.train.backup_workers} backups leave no worker "
+                f"to aggregate among {task.num_workers}"
+            )
+        sync_holder.append(
+            V1.train.SyncReplicasOptimizer(
+                optimizer, replicas_to_aggregate=replicas, total_num_replicas=task.num_workers
+            )
+        )
+        return sync_holder[0]
+
+    def hooks(ops):
+        sync = sync_holder[0] if sync_holder else None
+        extra = [_Ending(task, sync)]
+        if sync is not None:
+            extra.append(sync.make_session_run_hook(task.is_chief))
+            _quiet_cancelled_queue_runners()
+        return extra
+
+    result = train(
+        job,
+        write,
+        plan=plan,
+        master=server.target,
+        is_chief=task.is_chief,
+        wrap_optimizer=wrap if job.train.sync else None,
+        extra_hooks=hooks,
+        max_wait_secs=job.cluster.startup_timeout_secs,
+        # The sync chief's queue-runner thread may be blocked for good on gradients
+        # from workers that have already stopped; don't wait long for it at the end.
+        stop_grace_secs=5.0,
+    )
+    _report_finished(task, server, plan.session)
+    result.update(job=task.job_name, task=task.task_index)
+    return result
+
+
+def run_ps(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
+    """Serve variables until every worker has reported finished (or the grace runs out)."""
+    config = V1.ConfigProto(device_filters=[task.device])
+    server = tf.distribute.Server(
+        task.cluster_spec(), "ps", task.task_index, config=config, start=True
+    )
+    write(f"ps {task.task_index} serving on {task.address}")
+    graph = tf.Graph()
+    with graph.as_default():
+        dequeue = finished_queue(task.task_index).dequeue()
+    reported: set[int] = set()
+    first_report = None
+    stop = _stop_on_signals()
+    grace = job.cluster.shutdown_grace_secs
+    poll = V1.RunOptions(timeout_in_ms=500)
+    with V1.Session(server.target, graph=graph, config=config) as sess:
+        while len(reported) < task.num_workers and not stop:
+            try:
+                reported.add(int(sess.run(dequeue, options=poll)))
+                first_report = first_report or time.monotonic()
+            except tf.errors.DeadlineExceededError:
+                pass
+            if first_report and time.monotonic() - first_report > grace:
+                missing = sorted(set(range(task.num_workers)) - reported)
+                write(f"workers {missing} did not report within {grace:g} s; shutting down")
+                break
+    write("job finished; shutting down" if not stop else "stopping on signal")
+    return {"job": "ps", "task": task.task_index, "workers_reported": len(reported)}
+
+
+def _stop_on_signals() -> list[int]:
+    """A list that becomes non-empty (truthy) when SIGTERM or SIGINT arrives."""
+    received: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: received.append(signum))
+    return received
