@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -332,6 +333,14 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
             MetricsError)
 
 
+class _StoppedBeforeStart(Exception):
+    """SIGTERM/SIGINT arrived before the command installed its own handling."""
+
+
+def _stop_before_start(signum, frame) -> None:
+    raise _StoppedBeforeStart(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "shards", 1) < 1:
@@ -340,8 +349,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from launch.cluster import PeerUnavailable
 
     source = args.config or "<built-in job>"
+    # Until training begins (its hooks then take these signals over), a stop request
+    # finds nothing to save: exit cleanly instead of dying by the signal, so an
+    # orchestrator or local-cluster sees a task that stopped, not one that failed.
+    # local-cluster forwards signals itself and keeps Python's default handlers.
+    if args.command != "local-cluster":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stop_before_start)
     try:
         return _run(args)
+    except _StoppedBeforeStart as stop:
+        print(f"towers: received {stop} before training started; stopping", file=sys.stderr)
+        return EXIT_OK
     except _bad_input_errors() as err:
         message = str(err)
         if not message.startswith(source) and not message.startswith("--set"):
