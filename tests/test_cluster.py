@@ -226,3 +226,93 @@ def _is_zombie_free(pid: int) -> bool:
             return b"launch" not in f.read()
     except OSError:
         return True
+
+
+# --- a task killed with SIGKILL and started again ------------------------------------------
+
+class Cluster:
+    """ps, chief and one worker started by hand, output to files, all stopped by pid."""
+
+    def __init__(self, tmp_path, steps):
+        self.dir = tmp_path
+        ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))
+        self.ckpt = tmp_path / "ckpt"
+        self.common = [*MLP, "--set", f"train.checkpoint_dir={self.ckpt}",
+                       "--set", f"train.steps={steps}", "--set", "train.log_every_steps=100",
+                       "--set", "train.checkpoint_every_steps=200",
+                       "--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}"]
+        self.processes = {}
+        self.files = []
+
+    def start(self, name, role, index):
+        out = open(self.dir / f"{name}.out", "w")
+        err = open(self.dir / f"{name}.err", "w")
+        self.files += [out, err]
+        self.processes[name] = subprocess.Popen(
+            towers_command(role, *self.common, "--task-index", str(index)),
+            env=environment(), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+
+    def log(self, name):
+        return (self.dir / f"{name}.err").read_text()
+
+    def wait_for(self, condition, what, timeout=120):
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def kill(self, name):
+        self.processes[name].kill()
+        self.processes[name].wait()
+
+    def finish(self, timeout=180):
+        for name, proc in self.processes.items():
+            proc.wait(timeout=timeout)
+            assert proc.returncode == 0, (name, self.log(name)[-3000:])
+
+    def stop(self):
+        stop_all(list(self.processes.values()))
+        for f in self.files:
+            f.close()
+
+
+def checkpoint_step(ckpt_dir) -> int:
+    latest = tf.train.latest_checkpoint(str(ckpt_dir)) if os.path.isdir(ckpt_dir) else None
+    return int(tf.train.load_variable(latest, "global_step")) if latest else -1
+
+
+def test_killed_worker_started_again_and_the_job_completes(tmp_path):
+    cluster = Cluster(tmp_path, steps=6000)
+    try:
+        cluster.start("ps", "ps", 0)
+        cluster.start("chief", "worker", 0)
+        cluster.start("worker1", "worker", 1)
+        cluster.wait_for(lambda: "step 100/" in cluster.log("worker1"), "worker 1 to train")
+        cluster.kill("worker1")
+        cluster.start("worker1-again", "worker", 1)
+        cluster.processes.pop("worker1")
+        cluster.finish()
+    finally:
+        cluster.stop()
+    assert checkpoint_step(cluster.ckpt) >= 6000
+    assert "step" in cluster.log("worker1-again")
+
+
+def test_killed_chief_started_again_resumes_from_its_last_checkpoint(tmp_path):
+    cluster = Cluster(tmp_path, steps=6000)
+    try:
+        cluster.start("ps", "ps", 0)
+        cluster.start("chief", "worker", 0)
+        cluster.start("worker1", "worker", 1)
+        cluster.wait_for(lambda: checkpoint_step(cluster.ckpt) >= 400, "a checkpoint past 400")
+        cluster.kill("chief")
+        saved = checkpoint_step(cluster.ckpt)
+        cluster.start("chief-again", "worker", 0)
+        cluster.processes.pop("chief")
+        cluster.finish()
+    finally:
+        cluster.stop()
+    resumed = [int(s) for s in re.findall(r"saved checkpoint at step (\d+)",
+                                          cluster.log("chief-again"))]
+    assert resumed and resumed[0] >= saved, (saved, resumed)
+    assert checkpoint_step(cluster.ckpt) >= 6000
