@@ -307,18 +307,19 @@ def _run(args) -> int:
 
 
 def _run_role(args, job) -> dict:
+    if args.command == "evaluator":
+        from launch.evaluate import evaluate
+
+        # It only reads the chief's checkpoints, so it needs no cluster; it watches
+        # until the checkpoint at train.steps appears, however long training takes.
+        return evaluate(job, watch=True)
     from launch import cluster, roles
 
     flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
     task = cluster.resolve(job.cluster, flags, args.command)
     if args.command == "ps":
         return roles.run_ps(job, task)
-    if args.command == "worker":
-        return roles.run_worker(job, task)
-    from launch.evaluate import evaluate
-
-    # Evaluates until the checkpoint at train.steps appears, however long training takes.
-    return evaluate(job, watch=True)
+    return roles.run_worker(job, task)
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:

@@ -131,6 +131,21 @@ def _quiet_cancelled_queue_runners() -> None:
     threading.excepthook = hook
 
 
+def _start_server(task: Task, config: V1.ConfigProto, write) -> tf.distribute.Server:
+    server = tf.distribute.Server(
+        task.cluster_spec(), task.job_name, task.task_index, config=config, start=True
+    )
+    port = task.address.rpartition(":")[2]
+    # TensorFlow's gRPC server listens on 0.0.0.0:<port> whatever host the cluster
+    # gives (grpc_server_lib.cc); say so, since we cannot narrow it.
+    write(
+        f"{task.job_name} {task.task_index} serving {task.address}"
+        f"{' (chief)' if task.is_chief else ''}; note: TensorFlow listens on port "
+        f"{port} of every interface, so firewall it to the cluster"
+    )
+    return server
+
+
 def _report_finished(task: Task, server: tf.distribute.Server, config: V1.ConfigProto) -> None:
     """Tell every ps task this worker is done, from a fresh session after training's."""
     graph = tf.Graph()
@@ -145,13 +160,7 @@ def _report_finished(task: Task, server: tf.distribute.Server, config: V1.Config
 
 def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     plan = worker_plan(job, task)
-    server = tf.distribute.Server(
-        task.cluster_spec(), task.job_name, task.task_index, config=plan.session, start=True
-    )
-    write(
-        f"{task.job_name} {task.task_index} serving on {task.address}"
-        f"{' (chief)' if task.is_chief else ''}"
-    )
+    server = _start_server(task, plan.session, write)
     wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
     sync_holder: list[V1.train.SyncReplicasOptimizer] = []
 
@@ -198,10 +207,7 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
 def run_ps(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Serve variables until every worker has reported finished (or the grace runs out)."""
     config = V1.ConfigProto(device_filters=[task.device])
-    server = tf.distribute.Server(
-        task.cluster_spec(), "ps", task.task_index, config=config, start=True
-    )
-    write(f"ps {task.task_index} serving on {task.address}")
+    server = _start_server(task, config, write)
     graph = tf.Graph()
     with graph.as_default():
         dequeue = finished_queue(task.task_index).dequeue()

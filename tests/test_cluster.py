@@ -114,11 +114,16 @@ def losses(stderr: str, task: str) -> list[float]:
 def test_one_ps_two_workers_train_to_the_end_and_exit(tmp_path, sync):
     ckpt = tmp_path / "ckpt"
     started = time.monotonic()
+    evaluator = [] if sync else ["--evaluator", "--set", "eval.every_secs=1"]
     result = run_towers("local-cluster", *MLP, "--set", f"train.checkpoint_dir={ckpt}",
                         "--set", "train.steps=60", "--set", f"train.sync={str(sync).lower()}",
-                        "--ps", "1", "--workers", "2", timeout=240)
+                        "--ps", "1", "--workers", "2", *evaluator, timeout=240)
     summary = ok(result)
-    assert summary["exit_codes"] == {"ps0": 0, "worker0": 0, "worker1": 0}
+    tasks = {"ps0": 0, "worker0": 0, "worker1": 0, **({"evaluator": 0} if evaluator else {})}
+    assert summary["exit_codes"] == tasks
+    if evaluator:
+        assert "[evaluator] towers: eval step" in result.stderr
+        assert os.listdir(ckpt / "eval")
     assert summary["global_step"] >= 60
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(ckpt)), "global_step")) >= 60
     chief = losses(result.stderr, "worker0")
