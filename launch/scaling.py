@@ -1,6 +1,11 @@
 """Examples/sec of N towers against one device at the same global batch.
 
     python -m launch.scaling --models mlp,resnet20 --towers 1,2,4 --rounds 7
+    python -m launch.scaling --cluster --models convnet --rounds 3
+
+With --cluster: 2 in-process towers against 1 ps + 2 workers (one tower each),
+async and sync, on loopback, each a whole `towers` run in a subprocess, runs
+interleaved; examples/sec is the sum of the workers' last reported rates.
 
 Synthetic inputs held in the graph (no input pipeline cost, as tf_cnn_benchmarks
 does), warm-up steps discarded, and timing blocks interleaved across cases
@@ -94,6 +99,79 @@ def report(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def _run_rate(args: list[str]) -> float:
+    """Examples/sec of one `towers` run: the sum of the last JSON line of each worker."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "launch", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
+    )
+    if args[0] == "train":
+        return json.loads(done.stdout.strip().splitlines()[-1])["examples_per_sec"]
+    rates = [
+        json.loads(line.split("] ", 1)[1])["examples_per_sec"]
+        for line in done.stderr.splitlines()
+        if line.startswith("[worker") and line.split("] ", 1)[1].startswith("{")
+    ]
+    return sum(rates)
+
+
+def compare_cluster(model: str, batch: int, steps: int, rounds: int) -> str:
+    """2 in-process towers vs 1 ps + 2 workers, async and sync; a markdown table."""
+    import tempfile
+
+    common = [
+        "--set",
+        f"model.name={model}",
+        "--set",
+        "data.source=synthetic",
+        "--set",
+        f"train.batch_size={batch}",
+        "--set",
+        f"train.steps={steps}",
+        "--set",
+        f"train.log_every_steps={steps // 4}",
+        "--set",
+        "train.checkpoint_every_steps=1000000",
+    ]
+    cases = {
+        "in-process, 2 towers": ["train", "--set", "towers.devices=2"],
+        "1 ps + 2 workers, async": ["local-cluster", "--set", "towers.devices=1"],
+        "1 ps + 2 workers, sync": [
+            "local-cluster",
+            "--set",
+            "towers.devices=1",
+            "--set",
+            "train.sync=true",
+        ],
+    }
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, args in cases.items():
+            with tempfile.TemporaryDirectory() as ckpt:
+                rates[name].append(
+                    _run_rate([*args, *common, "--set", f"train.checkpoint_dir={ckpt}"])
+                )
+    base = statistics.median(rates["in-process, 2 towers"])
+    lines = [
+        "| setup | examples/sec median | min | max | ratio to in-process |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, values in rates.items():
+        median = statistics.median(values)
+        lines.append(
+            f"| {name} | {median:.0f} | {min(values):.0f} | {max(values):.0f} | "
+            f"{median / base:.3f} |"
+        )
+    return f"model {model}, global batch {batch}, {steps} steps per run\n\n" + "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,resnet20")
@@ -105,8 +183,17 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--batch", type=int, help="global batch for every model (default: per model)"
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="compare in-process towers with ps/worker jobs (see above)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if args.cluster:
+        for name in args.models.split(","):
+            print(compare_cluster(name, args.batch or BATCH[name], args.steps, args.rounds))
+        return
     import tensorflow as tf
 
     tf.compat.v1.disable_eager_execution()
