@@ -107,6 +107,8 @@ def test_tensorboard_events_hold_the_loss_scalar(tmp_path):
     assert {"loss", "learning_rate", "accuracy", "examples_per_sec"} <= set(scalars)
     losses = events.Scalars("loss")
     assert len(losses) >= 2 and all(np.isfinite(e.value) for e in losses)
+    # The first step is traced, so TensorBoard's graph can show device placement.
+    assert "first_step" in events.Tags()["run_metadata"]
 
 
 def write_npz(path, n=64, dim=8, seed=0):
@@ -187,3 +189,36 @@ def test_every_example_job_validates():
     for name in sorted(os.listdir(root)):
         result = run_towers("validate", "-c", os.path.join(root, name), timeout=60)
         assert result.returncode == 0, (name, result.stderr)
+
+
+def checkpoint_values(ckpt_dir) -> dict:
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt_dir)))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+def test_warm_start_takes_included_variables_under_their_new_names(tmp_path):
+    # A checkpoint whose variables are named legacy/... instead of mlp/...
+    ok(run_towers("train", *MLP, "--set", f"train.checkpoint_dir={tmp_path / 'a'}"))
+    trained = {n: v for n, v in checkpoint_values(tmp_path / "a").items() if n.startswith("mlp/")}
+    graph = tf.Graph()
+    with graph.as_default():
+        renamed = {n.replace("mlp/", "legacy/", 1): tf.compat.v1.get_variable(
+            n.replace("mlp/", "legacy/", 1), initializer=v) for n, v in trained.items()}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            tf.compat.v1.train.Saver(renamed).save(sess, str(tmp_path / "legacy" / "model"))
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"train": {"warm_start": {
+        "path": str(tmp_path / "legacy"), "exclude": ["logits"],
+        "rename": {"legacy/": "mlp/"}}}}))
+    # One step at a negligible rate: the values are what warm start put there.
+    result = run_towers("train", "-c", str(job), *MLP, "--set", "train.steps=1",
+                        "--set", "optimizer.name=sgd", "--set", "optimizer.learning_rate=1e-12",
+                        "--set", f"train.checkpoint_dir={tmp_path / 'b'}")
+    ok(result)
+    assert "warm start: 2 variable(s)" in result.stderr
+    started = checkpoint_values(tmp_path / "b")
+    np.testing.assert_allclose(started["mlp/hidden0/kernel"], trained["mlp/hidden0/kernel"],
+                               atol=1e-9)
+    assert not np.allclose(started["mlp/logits/kernel"], trained["mlp/logits/kernel"])
