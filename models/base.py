@@ -1,4 +1,4 @@
-"""What every model file shares: the input description and parameter range checks.
+"""What every model file shares: the input description, range checks, classifier outputs.
 
 Kept apart from ``models/__init__.py`` so the model files can import it without
 importing the registry that imports them.
@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+from models import layers
+from towers.context import TowerOutputs
 
 
 @dataclass(frozen=True)
@@ -39,3 +42,16 @@ def check_non_negative(name: str, value: float) -> None:
     """Raise ValueError if value < 0 (weight decay, epsilons)."""
     if not value >= 0.0:  # written this way so NaN fails too
         raise ValueError(f"parameter {name!r} must be >= 0, got {value!r}")
+
+
+def classifier_outputs(
+    logits: tf.Tensor, labels: tf.Tensor, extra_loss: tf.Tensor | float = 0.0
+) -> TowerOutputs:
+    """TowerOutputs of a classifier: mean cross-entropy (+ extra_loss) and accuracy.
+
+    logits: [B, num_classes] float; labels: [B] int class ids.
+    """
+    return TowerOutputs(
+        loss=layers.softmax_cross_entropy(logits, labels) + extra_loss,
+        metrics={"accuracy": layers.accuracy(logits, labels)},
+    )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from models import layers
-from models.base import InputSpec, check_rate
+from models.base import InputSpec, check_rate, classifier_outputs
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs
 
 
@@ -50,9 +50,6 @@ def build_model_fn(params: Params) -> ModelFn:
             )
             x = layers.dropout(x, params.dropout, ctx.is_training)
             logits = layers.dense(x, params.num_classes, scope="logits")
-        return TowerOutputs(
-            loss=layers.softmax_cross_entropy(logits, labels),
-            metrics={"accuracy": layers.accuracy(logits, labels)},
-        )
+        return classifier_outputs(logits, labels)
 
     return model_fn

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from models import layers
-from models.base import InputSpec, check_non_negative, check_rate
+from models.base import InputSpec, check_non_negative, check_rate, classifier_outputs
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs
 
 
@@ -71,10 +71,8 @@ def build_model_fn(params: Params, depth: int) -> ModelFn:
                     scope = f"stage{stage + 1}_block{block + 1}"
                     x = _basic_block(x, filters, stride, params, ctx, scope)
             logits = layers.dense(layers.global_avg_pool(x), params.num_classes, scope="logits")
-        cross_entropy = layers.softmax_cross_entropy(logits, labels)
-        return TowerOutputs(
-            loss=cross_entropy + layers.l2_weight_decay(kernels, params.weight_decay),
-            metrics={"accuracy": layers.accuracy(logits, labels)},
+        return classifier_outputs(
+            logits, labels, extra_loss=layers.l2_weight_decay(kernels, params.weight_decay)
         )
 
     return model_fn
