@@ -133,13 +133,19 @@ class _LogSaves(V1.train.CheckpointSaverListener):
 
 
 def saver_hook(
-    cfg: TrainConfig, scaffold: V1.train.Scaffold, write: Callable[[str], None]
+    cfg: TrainConfig,
+    scaffold: V1.train.Scaffold,
+    write: Callable[[str], None],
+    listeners: Sequence[V1.train.CheckpointSaverListener] = (),
 ) -> V1.train.CheckpointSaverHook:
-    """Checkpoints every N steps or seconds; with neither set, only at the end."""
+    """Checkpoints every N steps or seconds; with neither set, only at the end.
+
+    listeners: told before and after each save, besides the one logging it.
+    """
     if cfg.checkpoint_every_secs is not None:
         every = {"save_secs": cfg.checkpoint_every_secs}
     else:
         every = {"save_steps": cfg.checkpoint_every_steps or cfg.steps}
     return V1.train.CheckpointSaverHook(
-        cfg.checkpoint_dir, scaffold=scaffold, listeners=[_LogSaves(write)], **every
+        cfg.checkpoint_dir, scaffold=scaffold, listeners=[_LogSaves(write), *listeners], **every
     )

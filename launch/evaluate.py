@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 import towers
-from launch import checkpoints
+from launch import checkpoints, metrics
 from launch.config import JobConfig
 from launch.train import Plan, input_tensors, log, make_plan
 
@@ -61,6 +61,7 @@ def _write_summaries(summary_dir: str, result: dict) -> None:
     writer.flush()
 
 
+@metrics.served("eval")  # serves job.metrics for the call; started first, to fail fast
 def evaluate(
     job: JobConfig,
     checkpoint: str | None = None,
@@ -95,6 +96,7 @@ def _evaluate_one(plan, ops, saver, path, summary_dir, write) -> dict:
     result["examples_per_sec"] = examples / max(time.perf_counter() - start, 1e-9)
     result["checkpoint"] = path
     _write_summaries(summary_dir, result)
+    metrics.record_eval(result, len(plan.devices), plan.job.session)
     shown = " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float))
     write(f"eval step {result['global_step']}: {shown}")
     return result

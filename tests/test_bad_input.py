@@ -5,6 +5,7 @@ since most of each run is TensorFlow starting up.
 """
 
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -20,7 +21,8 @@ class Case:
     job: str | None  # job file text, or None for the built-in job
     says: tuple[str, ...]  # each must appear in the error line (key, path, ...)
     args: tuple[str, ...] = ()
-    setup: str | None = None  # name of a function below that prepares files in the case dir
+    setup: str | None = None  # a function below preparing the case dir; may return
+    # {placeholder: text} to substitute in the job file
     command: tuple[str, ...] = ("train",)
     extra: dict = field(default_factory=dict)
 
@@ -66,6 +68,18 @@ def checkpoint_of_other_model(case_dir):
 
 def file_in_place_of_dir(case_dir):
     open(os.path.join(case_dir, "not_a_dir"), "w").write("x")
+
+
+HELD_SOCKETS: list[socket.socket] = []  # closed once every case has run
+
+
+def port_in_use(case_dir):
+    """A port another process listens on, held open while the case runs."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    HELD_SOCKETS.append(held)
+    return {"PORT": str(held.getsockname()[1])}
 
 
 MLP8 = "model: {name: mlp, input_dim: 8, hidden_units: [4]}\n"
@@ -114,6 +128,16 @@ CASES = [
     Case("gpu-memory-fraction", "session: {per_process_gpu_memory_fraction: 1.5}\n",
          ("session.per_process_gpu_memory_fraction",)),
     Case("metrics-port", "metrics: {port: 70000}\n", ("metrics.port",)),
+    Case("metrics-port-in-use", "metrics: {port: PORT}\n", ("metrics.port", "in use"),
+         setup="port_in_use"),
+    Case("eval-metrics-port-in-use", "metrics: {port: PORT}\n", ("metrics.port", "in use"),
+         setup="port_in_use", command=("eval",)),
+    Case("metrics-addr-invalid", "metrics: {port: 0, addr: 'local host'}\n",
+         ("metrics.addr", "local host")),
+    Case("metrics-addr-not-local", "metrics: {port: 0, addr: 192.0.2.1}\n",
+         ("metrics.addr", "192.0.2.1")),
+    Case("metrics-missing-certfile", "metrics: {port: 0, certfile: /nonexistent/cert.pem, "
+         "keyfile: /nonexistent/key.pem}\n", ("metrics.certfile", "/nonexistent/cert.pem")),
     Case("bad-override", None, ("--set", "trainsteps"), args=("--set", "trainsteps")),
     Case("override-type", None, ("--set", "train.steps"), args=("--set", "train.steps=lots")),
     Case("missing-job-file", None, ("/nonexistent/job.yaml",),
@@ -125,13 +149,17 @@ CASES = [
 
 def run_case(case: Case, case_dir: str):
     os.makedirs(case_dir, exist_ok=True)
+    substitutions = {"CASE": case_dir}
     if case.setup:
-        globals()[case.setup](case_dir)
+        substitutions.update(globals()[case.setup](case_dir) or {})
     args = list(case.command)
     if case.job is not None:
         job = os.path.join(case_dir, "job.yaml")
+        text = case.job
+        for placeholder, value in substitutions.items():
+            text = text.replace(placeholder, value)
         with open(job, "w") as f:
-            f.write(case.job.replace("CASE", case_dir))
+            f.write(text)
         args += ["-c", job]
     if "checkpoint_dir" not in (case.job or ""):
         args += ["--set", f"train.checkpoint_dir={os.path.join(case_dir, 'ckpt')}"]
@@ -151,9 +179,13 @@ def snapshot(case_dir):
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     base = tmp_path_factory.mktemp("bad_input")
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {c.id: pool.submit(run_case, c, str(base / c.id)) for c in CASES}
-        return {case_id: future.result() for case_id, future in futures.items()}
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futures = {c.id: pool.submit(run_case, c, str(base / c.id)) for c in CASES}
+            return {case_id: future.result() for case_id, future in futures.items()}
+    finally:
+        for held in HELD_SOCKETS:
+            held.close()
 
 
 def test_there_are_at_least_twenty_cases():

@@ -1,0 +1,13 @@
+# `make test` is the test command of the README and of CI (.ci/run).
+
+.PHONY: test
+
+# The metrics tests run promtool and a real Prometheus server, both from
+# Debian's prometheus package (apt-get needs root, as on CI and the dev machines).
+test:
+	pip install -e '.[cpu,test]'
+	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		  apt-get install -y -qq --no-install-recommends prometheus; }
+	ruff check .
+	python -m pytest
