@@ -77,6 +77,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self._window_start = time.perf_counter()
         self._window_steps = 0
         self._step = 0
+        self._reported_step: int | None = None
 
     def before_run(self, run_context):
         return V1.train.SessionRunArgs(self._fetches)
@@ -92,7 +93,12 @@ class ProgressHook(V1.train.SessionRunHook):
             if name != "global_step":
                 self._window.setdefault(name, []).append(float(value))
         self._window_steps += 1
-        if step % self._every == 0 or step >= self._last_step:
+        # Crossing a multiple, not landing on it: in an asynchronous ps/worker job
+        # other workers move the global step too, so it can jump past the multiple.
+        if self._reported_step is None:
+            self._reported_step = step - 1
+        crossed = step // self._every > self._reported_step // self._every
+        if crossed or step >= self._last_step:
             self._report(step, now)
         elif self._bar:
             self._draw_bar(step)
@@ -104,6 +110,7 @@ class ProgressHook(V1.train.SessionRunHook):
             sys.stderr.write("\n")
 
     def _report(self, step: int, now: float) -> None:
+        self._reported_step = step
         elapsed = max(now - self._window_start, 1e-9)
         means = {k: float(np.mean(v)) for k, v in self._window.items()}
         rate = self._window_steps * self._batch_size / elapsed
