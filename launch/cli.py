@@ -77,6 +77,8 @@ examples:
 EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
 task's lines with its name, forwards Ctrl-C/SIGTERM to every task, and exits
 non-zero if any task failed. The last line on stdout is the chief's JSON result.
+Each task serves Prometheus metrics on a port of its own; the ports are printed
+and listed in a file_sd targets file for Prometheus.
 
 examples:
   towers local-cluster --ps 1 --workers 2
@@ -86,10 +88,16 @@ examples:
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ps-hosts", metavar="H:P,...", help="comma-separated ps addresses")
-    parser.add_argument("--worker-hosts", metavar="H:P,...",
-                        help="comma-separated worker addresses (worker 0 is chief)")
-    parser.add_argument("--job-name", choices=["ps", "worker", "chief", "evaluator"],
-                        help="this task's job (default: the command's)")
+    parser.add_argument(
+        "--worker-hosts",
+        metavar="H:P,...",
+        help="comma-separated worker addresses (worker 0 is chief)",
+    )
+    parser.add_argument(
+        "--job-name",
+        choices=["ps", "worker", "chief", "evaluator"],
+        help="this task's job (default: the command's)",
+    )
     parser.add_argument("--task-index", type=int, metavar="I", help="this task's index in its job")
 
 
@@ -167,20 +175,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _job_args(devices)
 
-    for role, text in [("ps", "serve variables for a ps/worker job until it ends"),
-                       ("worker", "train as one worker of a ps/worker job"),
-                       ("evaluator", "evaluate a ps/worker job's checkpoints as they appear")]:
+    for role, text in [
+        ("ps", "serve variables for a ps/worker job until it ends"),
+        ("worker", "train as one worker of a ps/worker job"),
+        ("evaluator", "evaluate a ps/worker job's checkpoints as they appear"),
+    ]:
         parser_ = commands.add_parser(role, help=text, epilog=EPILOG_ROLES, formatter_class=raw)
         _job_args(parser_)
         _cluster_args(parser_)
 
-    local = commands.add_parser("local-cluster", help="run a whole ps/worker job on this host",
-                                epilog=EPILOG_LOCAL_CLUSTER, formatter_class=raw)
+    local = commands.add_parser(
+        "local-cluster",
+        help="run a whole ps/worker job on this host",
+        epilog=EPILOG_LOCAL_CLUSTER,
+        formatter_class=raw,
+    )
     _job_args(local)
     local.add_argument("--ps", type=int, default=1, metavar="N", help="ps tasks (default 1)")
-    local.add_argument("--workers", type=int, default=2, metavar="N",
-                       help="worker tasks (default 2)")
+    local.add_argument(
+        "--workers", type=int, default=2, metavar="N", help="worker tasks (default 2)"
+    )
     local.add_argument("--evaluator", action="store_true", help="also run an evaluator")
+    local.add_argument(
+        "--metrics-targets",
+        metavar="PATH",
+        help="Prometheus file_sd JSON listing every task's metrics endpoint "
+        "(default: <train.checkpoint_dir>/prometheus_targets.json)",
+    )
 
     data = commands.add_parser("data", help="data tools").add_subparsers(
         dest="data_command", metavar="TOOL", required=True
@@ -287,8 +308,15 @@ def _run(args) -> int:
     elif args.command == "local-cluster":
         from launch.local_cluster import run_local_cluster
 
-        return run_local_cluster(args.config, args.overrides, args.ps, args.workers,
-                                 args.evaluator)
+        return run_local_cluster(
+            job,
+            args.config,
+            args.overrides,
+            args.ps,
+            args.workers,
+            args.evaluator,
+            args.metrics_targets,
+        )
     elif args.command == "data":
         from launch.convert import convert_to_tfrecord
         from launch.train import make_plan
@@ -330,8 +358,7 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from launch.devices import DeviceError
     from launch.metrics import MetricsError
 
-    return (ConfigError, DataError, DeviceError, CheckpointError, ClusterError,
-            MetricsError)
+    return (ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError)
 
 
 class _StoppedBeforeStart(Exception):
@@ -371,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerUnavailable as err:
         print(f"towers: error: {err}", file=sys.stderr)
         return EXIT_PEER_UNAVAILABLE
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,6 +9,7 @@ saving). Every task is waited for or, on failure, stopped; none is left behind.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launch.cluster import ClusterError
+from launch.config import JobConfig
 from launch.train import log
 
 STOP_WAIT_SECS = 60  # after SIGTERM, how long a task may take to save and exit
@@ -27,6 +29,7 @@ STOP_WAIT_SECS = 60  # after SIGTERM, how long a task may take to save and exit
 class _Task:
     name: str  # "ps0", "worker1", "evaluator"
     args: list[str]
+    metrics_port: int = 0
     process: subprocess.Popen | None = None
     stdout: list[str] = field(default_factory=list)
     readers: list[threading.Thread] = field(default_factory=list)
@@ -49,7 +52,9 @@ def plan_tasks(
 ) -> list[_Task]:
     if num_ps < 1 or num_workers < 1:
         raise ClusterError("local-cluster: --ps and --workers must each be at least 1")
-    ports = free_ports(num_ps + num_workers)
+    num_tasks = num_ps + num_workers + int(evaluator)
+    ports = free_ports(num_ps + num_workers + num_tasks)
+    ports, metrics_ports = ports[: num_ps + num_workers], ports[num_ps + num_workers :]
     ps_hosts = ",".join(f"127.0.0.1:{p}" for p in ports[:num_ps])
     worker_hosts = ",".join(f"127.0.0.1:{p}" for p in ports[num_ps:])
     job = (["-c", config] if config else []) + [a for o in overrides for a in ("--set", o)]
@@ -61,7 +66,23 @@ def plan_tasks(
     ]
     if evaluator:
         tasks.append(_Task("evaluator", ["evaluator", *job, *cluster]))
+    # Every task serves metrics on a port of its own (the last --set wins).
+    for task, port in zip(tasks, metrics_ports, strict=True):
+        task.metrics_port = port
+        task.args += ["--set", f"metrics.port={port}"]
     return tasks
+
+
+def write_targets(tasks: list[_Task], host: str, path: str) -> None:
+    """A Prometheus file_sd file listing every task's metrics endpoint."""
+    groups = [
+        {"targets": [f"{host}:{t.metrics_port}"], "labels": {"towers_task": t.name}} for t in tasks
+    ]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "w") as f:
+        json.dump(groups, f, indent=2)
+    os.replace(partial, path)  # Prometheus may read it at any moment: never half-written
 
 
 def _start(task: _Task) -> None:
@@ -103,10 +124,24 @@ def _stop(tasks: list[_Task]) -> None:
 
 
 def run_local_cluster(
-    config: str | None, overrides: Sequence[str], num_ps: int, num_workers: int, evaluator: bool
+    job: JobConfig,
+    config: str | None,
+    overrides: Sequence[str],
+    num_ps: int,
+    num_workers: int,
+    evaluator: bool,
+    targets_path: str | None = None,
 ) -> int:
     """Run the job's tasks to the end; 0 when every task exited 0."""
     tasks = plan_tasks(config, overrides, num_ps, num_workers, evaluator)
+    host = "127.0.0.1" if job.metrics.addr in ("0.0.0.0", "::", "") else job.metrics.addr
+    targets_path = targets_path or os.path.join(job.train.checkpoint_dir, "prometheus_targets.json")
+    write_targets(tasks, host, targets_path)
+    log(
+        "metrics: "
+        + ", ".join(f"{t.name} {host}:{t.metrics_port}" for t in tasks)
+        + f"; Prometheus file_sd targets in {targets_path}"
+    )
     stopping: list[int] = []
     previous = {
         sig: signal.signal(sig, lambda signum, frame: stopping.append(signum))

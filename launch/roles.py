@@ -22,9 +22,10 @@ from collections.abc import Callable
 import tensorflow as tf
 
 import towers
+from launch import metrics
 from launch.cluster import ClusterError, Task, wait_for_peers
 from launch.config import JobConfig
-from launch.train import Plan, log, make_plan, train
+from launch.train import Plan, build_training_graph, log, make_plan, train
 
 V1 = tf.compat.v1
 QUEUE_CAPACITY = 1024  # far more than reports ever sent; a full queue would block a worker
@@ -158,7 +159,17 @@ def _report_finished(task: Task, server: tf.distribute.Server, config: V1.Config
         sess.run(report)
 
 
+def _identity(job: JobConfig, task: Task) -> metrics.Identity:
+    return metrics.Identity(task.job_name, task.task_index, job.run.name)
+
+
 def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
+    """Train as this worker; metrics (if on) start first, so a bad port fails fast."""
+    with metrics.serve(job.metrics, _identity(job, task), write):
+        return _run_worker(job, task, write)
+
+
+def _run_worker(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     plan = worker_plan(job, task)
     server = _start_server(task, plan.session, write)
     wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
@@ -206,6 +217,34 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
 
 def run_ps(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Serve variables until every worker has reported finished (or the grace runs out)."""
+    with metrics.serve(job.metrics, _identity(job, task), write) as exporter:
+        if exporter is not None:
+            exporter.gauge(
+                "towers_ps_variable_bytes", "Bytes of variables (and optimizer slots) on this ps"
+            ).set(hosted_bytes(job, task))
+        return _run_ps(job, task, write)
+
+
+def hosted_bytes(job: JobConfig, task: Task) -> int:
+    """Bytes of variables the workers place on this ps task.
+
+    The ps never builds the model, so it builds the chief's graph once, aside,
+    and reads the placement: the greedy balancer is deterministic, so this is the
+    placement the workers make.
+    """
+    chief = Task(task.cluster, "chief" if "chief" in task.cluster else "worker", 0)
+    graph = tf.Graph()
+    with graph.as_default():
+        build_training_graph(worker_plan(job, chief))
+        held = 0
+        for var in V1.global_variables():
+            spec = tf.DeviceSpec.from_string(var.device)
+            if spec.job == "ps" and spec.task == task.task_index:
+                held += var.shape.num_elements() * var.dtype.size
+    return held
+
+
+def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     config = V1.ConfigProto(device_filters=[task.device])
     server = _start_server(task, config, write)
     graph = tf.Graph()

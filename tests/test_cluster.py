@@ -325,3 +325,57 @@ def test_killed_chief_started_again_resumes_from_its_last_checkpoint(tmp_path):
                                           cluster.log("chief-again"))]
     assert resumed and resumed[0] >= saved, (saved, resumed)
     assert checkpoint_step(cluster.ckpt) >= 6000
+
+
+# --- metrics from every task ---------------------------------------------------------------
+
+def scrape(url: str) -> dict:
+    """{metric name: [(labels, value)]} from one real HTTP scrape; {} if not answering yet."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    return {sample.name: sample.labels | {"value": sample.value}
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_every_task_of_a_local_cluster_serves_its_own_metrics(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = start(["local-cluster", *MLP, "--set", f"train.checkpoint_dir={ckpt}",
+                  "--set", "train.steps=100000", "--ps", "1", "--workers", "2"])
+    try:
+        targets_file = ckpt / "prometheus_targets.json"
+        deadline = time.monotonic() + 120
+        while not targets_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        groups = json.loads(targets_file.read_text())
+        urls = {g["labels"]["towers_task"]: f"http://{g['targets'][0]}/metrics" for g in groups}
+        assert set(urls) == {"ps0", "worker0", "worker1"}
+        assert len(set(urls.values())) == 3
+
+        def ready(samples, name):
+            return samples and ("towers_global_step" in samples if name != "ps0"
+                                else "towers_ps_variable_bytes" in samples)
+
+        seen = {}
+        while len(seen) < 3 and time.monotonic() < deadline:
+            for name, url in urls.items():
+                samples = scrape(url)
+                if ready(samples, name):
+                    seen[name] = samples
+            time.sleep(0.5)
+        assert set(seen) == set(urls), f"not all tasks scrapable: {sorted(seen)}"
+        identities = {(s["towers_up"]["job"], s["towers_up"]["task"]) for s in seen.values()}
+        assert identities == {("ps", "0"), ("worker", "0"), ("worker", "1")}
+        assert seen["ps0"]["towers_ps_variable_bytes"]["value"] > 0
+        assert seen["worker1"]["towers_global_step"]["value"] >= 0
+        proc.terminate()
+        proc.communicate(timeout=120)
+    finally:
+        stop_all([proc])
+    assert proc.returncode == 0
