@@ -53,27 +53,34 @@ def list_gpus(session: SessionConfig | None = None) -> list[GpuInfo]:
     for i, gpu in enumerate(gpus):
         details = tf.config.experimental.get_device_details(gpu)
         capability = details.get("compute_capability")
+        physical_id = physical[i] if physical and i < len(physical) else str(i)
         out.append(
             GpuInfo(
                 logical=f"/gpu:{i}",
-                physical_id=physical[i] if physical and i < len(physical) else str(i),
+                physical_id=physical_id,
                 name=details.get("device_name", "unknown GPU"),
-                memory_bytes=_gpu_memory_bytes(i),
+                memory_bytes=_gpu_memory_bytes(physical_id),
                 compute_capability=".".join(map(str, capability)) if capability else None,
             )
         )
     return out
 
 
-def _gpu_memory_bytes(index: int) -> int | None:
-    """Total memory of a GPU via NVML when nvidia-ml-py is installed; None otherwise."""
+def _gpu_memory_bytes(physical_id: str) -> int | None:
+    """Total memory of a GPU via NVML when nvidia-ml-py is installed; None otherwise.
+
+    NVML numbers GPUs physically, ignoring CUDA_VISIBLE_DEVICES, hence the
+    physical id (a UUID in CUDA_VISIBLE_DEVICES is not looked up: None).
+    """
+    if not physical_id.isdigit():
+        return None
     try:
         import pynvml
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(int(physical_id))
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except pynvml.NVMLError:
         return None
