@@ -15,7 +15,7 @@ from launch import checkpoints, data, metrics
 from launch.cluster import PeerUnavailable
 from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, tower_devices
-from launch.hooks import PlacementTraceHook, ProgressHook, StepRecord, StopOnSignalHook
+from launch.hooks import PlacementTraceHook, ProgressHook, StopOnSignalHook
 from launch.optim import learning_rate, make_optimizer
 from launch.session import session_config
 
@@ -269,10 +269,12 @@ def train(
                 sess.run(ops.train_op)
     V1.summary.FileWriterCache.clear()
     latest = tf.train.latest_checkpoint(cfg.checkpoint_dir)
-    record = progress.record
-    if not record.global_step and latest:  # nothing left to run: report where the job stands
-        record = StepRecord(global_step=checkpoints.step_of(latest))
-    result = record.as_dict()
+    result = progress.record.as_dict()
+    if is_chief and latest:
+        # The chief's final checkpoint holds the job's true global step: the step
+        # the chief last fetched trails it when other workers updated after that
+        # (asynchronous ps/worker), and is absent when nothing was left to run.
+        result["global_step"] = checkpoints.step_of(latest)
     result["checkpoint"] = latest
     if stopper.received is not None:
         result["stopped_by"] = "signal"
