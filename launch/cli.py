@@ -115,32 +115,29 @@ def _job_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _job_command(commands, name: str, text: str, epilog: str) -> argparse.ArgumentParser:
+    """A subcommand that takes a job (-c, --set), with its examples shown as written."""
+    parser = commands.add_parser(
+        name, help=text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    _job_args(parser)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="towers",
         description="Data-parallel tower training for TensorFlow: one tower per device, "
         "shared variables, one update per global batch.",
-        formatter_class=raw,
         epilog="Run 'towers COMMAND --help' for each command's options and examples.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    train = commands.add_parser(
-        "train",
-        help="train a job (default: the built-in job)",
-        epilog=EPILOG_TRAIN,
-        formatter_class=raw,
-    )
-    _job_args(train)
+    _job_command(commands, "train", "train a job (default: the built-in job)", EPILOG_TRAIN)
 
-    evaluate = commands.add_parser(
-        "eval",
-        help="evaluate a checkpoint, or watch for new ones",
-        epilog=EPILOG_EVAL,
-        formatter_class=raw,
+    evaluate = _job_command(
+        commands, "eval", "evaluate a checkpoint, or watch for new ones", EPILOG_EVAL
     )
-    _job_args(evaluate)
     which = evaluate.add_mutually_exclusive_group()
     which.add_argument(
         "--checkpoint",
@@ -159,38 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --watch: give up after SECS without a new checkpoint",
     )
 
-    validate = commands.add_parser(
-        "validate",
-        help="check a job file, print the resolved job",
-        epilog=EPILOG_VALIDATE,
-        formatter_class=raw,
-    )
-    _job_args(validate)
-
-    devices = commands.add_parser(
-        "devices",
-        help="list GPUs, CPU and the CUDA id mapping",
-        epilog=EPILOG_DEVICES,
-        formatter_class=raw,
-    )
-    _job_args(devices)
+    _job_command(commands, "validate", "check a job file, print the resolved job", EPILOG_VALIDATE)
+    _job_command(commands, "devices", "list GPUs, CPU and the CUDA id mapping", EPILOG_DEVICES)
 
     for role, text in [
         ("ps", "serve variables for a ps/worker job until it ends"),
         ("worker", "train as one worker of a ps/worker job"),
         ("evaluator", "evaluate a ps/worker job's checkpoints as they appear"),
     ]:
-        parser_ = commands.add_parser(role, help=text, epilog=EPILOG_ROLES, formatter_class=raw)
-        _job_args(parser_)
-        _cluster_args(parser_)
+        _cluster_args(_job_command(commands, role, text, EPILOG_ROLES))
 
-    local = commands.add_parser(
-        "local-cluster",
-        help="run a whole ps/worker job on this host",
-        epilog=EPILOG_LOCAL_CLUSTER,
-        formatter_class=raw,
+    local = _job_command(
+        commands, "local-cluster", "run a whole ps/worker job on this host", EPILOG_LOCAL_CLUSTER
     )
-    _job_args(local)
     local.add_argument("--ps", type=int, default=1, metavar="N", help="ps tasks (default 1)")
     local.add_argument(
         "--workers", type=int, default=2, metavar="N", help="worker tasks (default 2)"
@@ -206,13 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("data", help="data tools").add_subparsers(
         dest="data_command", metavar="TOOL", required=True
     )
-    convert = data.add_parser(
-        "convert",
-        help="write a job's npz/csv data as sharded TFRecords",
-        epilog=EPILOG_CONVERT,
-        formatter_class=raw,
+    convert = _job_command(
+        data, "convert", "write a job's npz/csv data as sharded TFRecords", EPILOG_CONVERT
     )
-    _job_args(convert)
     convert.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
     convert.add_argument(
         "--shards", type=int, default=4, metavar="N", help="number of files (default 4)"
