@@ -85,9 +85,24 @@ def write_targets(tasks: list[_Task], host: str, path: str) -> None:
     os.replace(partial, path)  # Prometheus may read it at any moment: never half-written
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it if this launcher dies, even by SIGKILL.
+
+    The tasks run in sessions of their own (see the module docstring), so
+    nothing else would tell them; without this a killed launcher leaves orphans.
+    Linux only (prctl); elsewhere the launcher's own cleanup is all there is.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _start(task: _Task) -> None:
     task.process = subprocess.Popen(
         [sys.executable, "-m", "launch", *task.args],
+        preexec_fn=_die_with_parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,

@@ -379,3 +379,39 @@ def test_every_task_of_a_local_cluster_serves_its_own_metrics(tmp_path):
     finally:
         stop_all([proc])
     assert proc.returncode == 0
+
+
+def test_tasks_stop_when_local_cluster_is_killed(tmp_path):
+    proc = start(["local-cluster", *MLP, "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
+                  "--set", "train.steps=100000", "--ps", "1", "--workers", "2"])
+    pids: list[int] = []
+    try:
+        seen, deadline = "", time.monotonic() + 120
+        while not TRAINING.search(seen) and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen += line
+            pids += [int(p) for p in re.findall(r"\(pid (\d+)\)", line)]
+        assert len(pids) == 3 and TRAINING.search(seen), seen[-3000:]
+        proc.kill()  # SIGKILL: the launcher gets no chance to stop its tasks itself
+        proc.wait()
+        deadline = time.monotonic() + 90
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [pid for pid in pids if _alive(pid)]
+    finally:
+        stop_all([proc])
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    """Running and still ours (a reused pid would not be running `launch`)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ")[-1].startswith("Z"):
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"launch" in f.read()
+    except OSError:
+        return False
