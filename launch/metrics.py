@@ -332,10 +332,10 @@ class Exporter:
         def app(environ, start_response):
             path = environ.get("PATH_INFO") or "/"
             if path == "/metrics":
-                started = time.monotonic()
+                started = self._scrapes.begin()
                 body = metrics_app(environ, start_response)  # the whole body, made here
-                # Counted once sent: close() may shut the server down right after.
-                return _ThenCall(body, lambda: self._scrapes.record(started))
+                # Done once sent: close() may shut the server down right after.
+                return _ThenCall(body, lambda: self._scrapes.done(started))
             if path == "/healthz":
                 if self._problem is None:
                     return _text(start_response, "200 OK", "ok\n")
@@ -368,15 +368,26 @@ def _text(start_response, status: str, body: str) -> list[bytes]:
 
 
 class _ScrapeLog:
-    """When /metrics was last read, so close() can wait for the next reading."""
+    """When /metrics was last read, so close() can wait for the next reading.
+
+    A scrape's start is noted as it begins (a client may have its answer before
+    the server thread gets back here) and its end once the answer is sent.
+    """
 
     def __init__(self):
         self._times: deque[float] = deque(maxlen=2)
+        self._last_done = float("-inf")  # start time of the latest scrape fully sent
         self._condition = threading.Condition()
 
-    def record(self, started: float) -> None:
+    def begin(self) -> float:
+        started = time.monotonic()
         with self._condition:
             self._times.append(started)
+        return started
+
+    def done(self, started: float) -> None:
+        with self._condition:
+            self._last_done = max(self._last_done, started)
             self._condition.notify_all()
 
     def wait_for_next(self, shortest: float, longest: float) -> None:
@@ -391,7 +402,7 @@ class _ScrapeLog:
                 return
             interval = self._times[-1] - self._times[0]
             timeout = min(max(2 * interval, shortest), longest)
-            self._condition.wait_for(lambda: self._times[-1] > now, timeout=timeout)
+            self._condition.wait_for(lambda: self._last_done > now, timeout=timeout)
 
 
 def start(cfg: MetricsConfig, identity: Identity, write: Callable[[str], None]) -> Exporter:
