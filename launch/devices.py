@@ -111,7 +111,7 @@ def tower_devices(towers: TowersConfig, num_gpus: int) -> list[str]:
     return devices
 
 
-def param_device(towers: TowersConfig, devices: list[str], num_gpus: int) -> str:
+def param_device(towers: TowersConfig, num_gpus: int) -> str:
     """Resolve `towers.param_device`: cpu, gpu, least_loaded, or an explicit device."""
     choice = towers.param_device
     if choice == "cpu":

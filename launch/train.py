@@ -54,7 +54,7 @@ def make_plan(job: JobConfig) -> Plan:
     model = models.build(job.model.name, dict(job.model.params))
     num_gpus = len(list_gpus(job.session))
     devices = tower_devices(job.towers, num_gpus)
-    param = param_device(job.towers, devices, num_gpus)
+    param = param_device(job.towers, num_gpus)
     if job.train.batch_size < len(devices):
         raise data.DataError(
             f"train.batch_size: a global batch of {job.train.batch_size} cannot feed "
@@ -64,8 +64,9 @@ def make_plan(job: JobConfig) -> Plan:
     return Plan(job, model, devices, param, config, batch_size=job.train.batch_size)
 
 
-def preflight(plan: Plan) -> None:
-    """Check what can be checked before anything is written: data, checkpoint dir."""
+def preflight(plan: Plan, is_chief: bool = True) -> None:
+    """Check what can be checked before anything is written: data, and for the chief
+    (the only process that writes them) the checkpoint paths."""
     job = plan.job
     data.check_source(
         job.data.source,
@@ -73,6 +74,8 @@ def preflight(plan: Plan) -> None:
         path=job.data.path,
         label_column=job.data.label_column,
     )
+    if not is_chief:
+        return
     checkpoints.check_writable_dir(job.train.checkpoint_dir, "train.checkpoint_dir")
     if job.train.warm_start is not None:
         checkpoints.resolve(job.train.warm_start.path, "train.warm_start.path")
@@ -203,15 +206,7 @@ def train(
     others wait at most max_wait_secs for it to initialise the variables.
     """
     plan = plan or make_plan(job)
-    if is_chief:
-        preflight(plan)
-    else:
-        data.check_source(
-            job.data.source,
-            plan.model.input_spec,
-            path=job.data.path,
-            label_column=job.data.label_column,
-        )
+    preflight(plan, is_chief)
     cfg = job.train
     graph = tf.Graph()
     with graph.as_default():
