@@ -2,7 +2,7 @@
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 2 bad input (job file, flags, data, devices, checkpoint directory), one line
-on stderr and nothing written; 4 a peer task of a ps/worker job could not be
+on stderr and nothing written; 138 a peer task of a ps/worker job could not be
 reached in time (retryable: restart the task).
 """
 
@@ -17,7 +17,10 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
-EXIT_PEER_UNAVAILABLE = 4
+# Retryable. 138 (128 + SIGUSR1) is the code Kubeflow's TFJob `restartPolicy:
+# ExitCode` reserves for a user-defined retryable error; it treats 1-127 as
+# permanent, so a small code here would never be retried there.
+EXIT_PEER_UNAVAILABLE = 138
 
 EPILOG_TRAIN = """examples:
   towers train                                  # built-in default job: convnet, all devices
