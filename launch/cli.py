@@ -1,4 +1,4 @@
-"""The `towers` command: train, eval, validate, devices, data convert.
+"""The `towers` command: train, eval, validate, devices, data convert, bench.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 2 bad input (job file, flags, data, devices, checkpoint directory), one line
@@ -86,6 +86,22 @@ and listed in a file_sd targets file for Prometheus.
 examples:
   towers local-cluster --ps 1 --workers 2
   towers local-cluster -c job.yaml --ps 2 --workers 2 --evaluator --set train.sync=true
+"""
+
+EPILOG_BENCH = """Examples/sec of the job's model (or --model) at one global batch on 1 device
+and on N devices in each mode, on synthetic data: in-process towers
+(parameter_server, replicated), TensorFlow's MirroredStrategy (mirrored), 1 ps +
+N workers on 127.0.0.1 (ps_worker) and Horovod ranks (horovod; skipped, with the
+reason, when Horovod is not installed). Warm-up steps are discarded and timed
+blocks interleaved across rows; each row reports the median with min and max,
+ratios to 1 device and to mirrored, peak RSS and gradient bytes moved per step.
+The table goes to stdout; --out also writes bench.csv, bench.json and bench.png.
+
+examples:
+  towers bench --quick                                  # about 3 minutes on 2 cores
+  towers bench --model resnet20 --batch 64 --towers 1,2,4 --out runs/bench
+  towers bench -c job.yaml --modes parameter_server,mirrored --repeats 9
+  towers bench --memory 5000 --model mlp --out runs/bench   # RSS: 8 towers vs 1; long run
 """
 
 
@@ -184,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: <train.checkpoint_dir>/prometheus_targets.json)",
     )
 
+    _bench_args(_job_command(commands, "bench", "compare throughput and memory across modes",
+                             EPILOG_BENCH))
+
     data = commands.add_parser("data", help="data tools").add_subparsers(
         dest="data_command", metavar="TOOL", required=True
     )
@@ -195,6 +214,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--shards", type=int, default=4, metavar="N", help="number of files (default 4)"
     )
     return parser
+
+
+def _bench_args(parser: argparse.ArgumentParser) -> None:
+    from launch.bench import MODES
+
+    parser.add_argument("--model", metavar="NAME",
+                        help="model to measure, with its defaults (default: the job's model)")
+    parser.add_argument("--batch", type=int, metavar="N",
+                        help="global batch of every row (default: train.batch_size)")
+    parser.add_argument("--towers", metavar="N,...",
+                        help="device counts; 1 is always included (default 1,2,4)")
+    parser.add_argument("--modes", default=",".join(MODES), metavar="MODE,...",
+                        help=f"from {', '.join(MODES)} (default: all)")
+    parser.add_argument("--steps", type=int, metavar="N", help="steps per timed block (default 20)")
+    parser.add_argument("--warmup", type=int, metavar="N",
+                        help="steps discarded first (default 10)")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help="timed blocks per row, interleaved across rows (default 5)")
+    parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
+    parser.add_argument("--quick", action="store_true",
+                        help="devices 1,2, 3 blocks of 10 steps, one run per multi-process row: "
+                        "a check that every mode runs, not a benchmark")
+    parser.add_argument(
+        "--memory", type=int, nargs="?", const=5000, metavar="STEPS",
+        help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
+        "STEPS (default 5000) steps of towers train",
+    )
 
 
 # Notices TensorFlow's C++ core prints while loading, before it reads
@@ -294,6 +340,11 @@ def _run(args) -> int:
             args.evaluator,
             args.metrics_targets,
         )
+    elif args.command == "bench":
+        from launch.bench import bench
+        from launch.train import log
+
+        print(bench(_bench_settings(args, job), args.memory, log), flush=True)
     elif args.command == "data":
         from launch.convert import convert_to_tfrecord
         from launch.train import make_plan
@@ -309,6 +360,40 @@ def _run(args) -> int:
         )
         print("\n".join(written))
     return EXIT_OK
+
+
+def _bench_settings(args, job):
+    from launch import bench
+
+    quick = bench.QUICK if args.quick else {}
+    defaults = {"towers": (1, 2, 4), "steps": 20, "warmup": 10, "repeats": 5, **quick}
+    name = args.model or job.model.name
+    params = dict(job.model.params) if name == job.model.name else {}
+    if args.model:
+        import models
+
+        try:
+            models.build(name)
+        except ValueError as err:
+            raise bench.BenchError(f"--model: {err}") from None
+    job_args = (["-c", args.config] if args.config else []) + [
+        a for o in args.overrides for a in ("--set", o)
+    ]
+    settings = bench.Settings(
+        model=name,
+        params=params,
+        batch=args.batch or job.train.batch_size,
+        towers=bench.parse_towers(args.towers) if args.towers else defaults["towers"],
+        modes=bench.parse_modes(args.modes),
+        steps=args.steps if args.steps is not None else defaults["steps"],
+        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
+        repeats=args.repeats if args.repeats is not None else defaults["repeats"],
+        job_args=tuple(job_args),
+        out=args.out,
+        run_repeats=None if args.repeats is not None else quick.get("run_repeats"),
+    )
+    bench.check_settings(settings)
+    return settings
 
 
 def _run_role(args, job) -> dict:
@@ -328,6 +413,7 @@ def _run_role(args, job) -> dict:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from launch.bench import BenchError
     from launch.checkpoints import CheckpointError
     from launch.cluster import ClusterError
     from launch.config import ConfigError
@@ -335,7 +421,9 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from launch.devices import DeviceError
     from launch.metrics import MetricsError
 
-    return (ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError)
+    return (
+        ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError, BenchError
+    )
 
 
 class _StoppedBeforeStart(Exception):
