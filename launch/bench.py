@@ -62,8 +62,8 @@ class Settings:
     batch: the global batch of every row; towers: the device counts N.
     steps: steps per timed block; warmup: steps discarded before the first block
     (and at the start of each multi-process run); repeats: blocks per row;
-    run_repeats: whole runs per multi-process row (default: repeats), in the
-    first rounds.
+    run_repeats: whole runs per multi-process row (default: repeats), one in
+    each of the first rounds.
     """
 
     model: str
@@ -117,7 +117,7 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 def check_settings(settings: Settings) -> None:
     if settings.run_repeats is not None and settings.run_repeats < 1:
-        raise BenchError("run repeats must be at least 1")
+        raise BenchError("--runs must be at least 1")
     for name in ("steps", "repeats"):
         if getattr(settings, name) < 1:
             raise BenchError(f"--{name} must be at least 1")
@@ -796,7 +796,18 @@ def plot(rows: list[Row], about: dict, path: str) -> None:
 # --memory: host memory of 8 towers against 1, and RSS over a long `towers train`.
 
 
-def memory_towers(settings: Settings, counts: Sequence[int] = (1, 8)) -> list[dict]:
+MEMORY_TOWERS = (1, 8)
+
+
+def check_memory(settings: Settings, steps: int) -> None:
+    if steps < 1:
+        raise BenchError("--memory: steps must be at least 1")
+    if settings.batch < max(MEMORY_TOWERS):
+        raise BenchError(f"--memory: global batch {settings.batch} cannot feed "
+                         f"{max(MEMORY_TOWERS)} towers; use --batch {max(MEMORY_TOWERS)} or more")
+
+
+def memory_towers(settings: Settings, counts: Sequence[int] = MEMORY_TOWERS) -> list[dict]:
     """Peak RSS and variable bytes of parameter_server rows with each tower count.
 
     Each count runs in a fresh process: build, warm-up, `steps` more steps.
@@ -867,6 +878,10 @@ def memory_report(towers_rows: list[dict], samples: list[dict]) -> str:
     for s in shown:
         lines.append(f"| {s['step']} | {_mib(s['rss_bytes'])} "
                      f"| {(s['rss_bytes'] / first - 1) * 100:+.2f}% |")
+    if len(samples) > 1:
+        growth = samples[-1]["rss_bytes"] / first - 1
+        lines += ["", f"RSS growth from step {samples[0]['step']} to step "
+                      f"{samples[-1]['step']}: {growth * 100:+.2f}%"]
     return "\n".join(lines)
 
 

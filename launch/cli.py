@@ -232,6 +232,8 @@ def _bench_args(parser: argparse.ArgumentParser) -> None:
                         help="steps discarded first (default 10)")
     parser.add_argument("--repeats", type=int, metavar="N",
                         help="timed blocks per row, interleaved across rows (default 5)")
+    parser.add_argument("--runs", type=int, metavar="N",
+                        help="whole runs per ps_worker/horovod row (default: --repeats)")
     parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
     parser.add_argument("--quick", action="store_true",
                         help="devices 1,2, 3 blocks of 10 steps, one run per multi-process row: "
@@ -390,9 +392,11 @@ def _bench_settings(args, job):
         repeats=args.repeats if args.repeats is not None else defaults["repeats"],
         job_args=tuple(job_args),
         out=args.out,
-        run_repeats=None if args.repeats is not None else quick.get("run_repeats"),
+        run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
     )
     bench.check_settings(settings)
+    if args.memory is not None:
+        bench.check_memory(settings, args.memory)
     return settings
 
 
