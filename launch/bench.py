@@ -37,7 +37,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "horovod")
 IN_PROCESS_MODES = ("parameter_server", "replicated", "mirrored")
@@ -115,6 +115,17 @@ def parse_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def check_installed(settings: Settings) -> None:
+    """The bench's own dependencies (the `bench` extra), named before anything runs."""
+    import importlib.util
+
+    needed = ["psutil"] + (["matplotlib"] if settings.out else [])
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BenchError(f"towers bench needs {' and '.join(missing)}: "
+                         "pip install -e '.[bench]' (or pip install towers[bench])")
+
+
 def check_settings(settings: Settings) -> None:
     if settings.run_repeats is not None and settings.run_repeats < 1:
         raise BenchError("--runs must be at least 1")
@@ -152,12 +163,19 @@ def optimizer():
     return tf.compat.v1.train.MomentumOptimizer(0.01, 0.9)
 
 
-def build_towers_case(model, batch: int, mode: str, num_towers: int) -> tuple[Callable, dict]:
-    """A session running `towers.build_train_op` on /cpu:0../cpu:N-1 with the batch held
-    in the graph (no input pipeline cost, as tf_cnn_benchmarks does).
+class BuiltCase(NamedTuple):
+    """One in-process row, built. run(steps) trains; facts: variable counts and bytes;
+    read() and write(values): the trainable variables as {name: numpy array}."""
 
-    Returns run(steps) and facts about the graph: trainable and all variable bytes.
-    """
+    run: Callable[[int], None]
+    facts: dict
+    read: Callable[[], dict]
+    write: Callable[[dict], None]
+
+
+def build_towers_case(model, batch: int, mode: str, num_towers: int) -> BuiltCase:
+    """A session running `towers.build_train_op` on /cpu:0../cpu:N-1 with the batch held
+    in the graph (no input pipeline cost, as tf_cnn_benchmarks does)."""
     import tensorflow as tf
 
     import towers
@@ -171,6 +189,10 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int) -> tuple[Ca
             [f"/cpu:{i}" for i in range(num_towers)], variable_update=mode,
         )
         init = tf.compat.v1.global_variables_initializer()
+        trainable = {v.op.name: v for v in tf.compat.v1.trainable_variables()}
+        placeholders = {name: tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+                        for name, v in trainable.items()}
+        load = tf.group(*[v.assign(placeholders[name]) for name, v in trainable.items()])
         facts = {
             "trainable_bytes": _bytes(tf.compat.v1.trainable_variables()),
             "variable_bytes": _bytes(tf.compat.v1.global_variables()),
@@ -186,7 +208,11 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int) -> tuple[Ca
         for _ in range(steps):
             session.run(ops.train_op)
 
-    return run, facts
+    def write(values: dict) -> None:
+        session.run(load, {placeholders[name]: value for name, value in values.items()})
+        session.run(ops.sync_op)
+
+    return BuiltCase(run, facts, lambda: session.run(trainable), write)
 
 
 class TF1StyleVariables:
@@ -215,14 +241,14 @@ class TF1StyleVariables:
         return [v for v in self.by_name.values() if v.trainable]
 
 
-def build_mirrored_case(model, batch: int, num_devices: int) -> tuple[Callable, dict]:
+def build_mirrored_case(model, batch: int, num_devices: int) -> BuiltCase:
     """MirroredStrategy over N logical CPU devices, the same model_fn and optimizer.
 
     Each replica gets its batch / N slice already on its device, computes the
     loss divided by N (so the summed gradient is the global-batch mean, as the
     towers' example weights make it), and the v1 optimizer's apply_gradients
     sums the gradients across replicas (the strategy's all-reduce) and updates
-    the mirrored variables. Returns run(steps) and the variable facts.
+    the mirrored variables.
     """
     import tensorflow as tf
 
@@ -268,7 +294,8 @@ def build_mirrored_case(model, batch: int, num_devices: int) -> tuple[Callable, 
         opt.apply_gradients(zip(tape.gradient(scaled, trainable), trainable, strict=True))
         return outputs.loss
 
-    @tf.function
+    # No autograph: the step has no tensor-dependent Python control flow to convert.
+    @tf.function(autograph=False)
     def step():
         return strategy.run(replica_step, (features, labels))
 
@@ -282,7 +309,15 @@ def build_mirrored_case(model, batch: int, num_devices: int) -> tuple[Callable, 
         "variable_bytes": _bytes(variables.by_name.values()),
         "variables": len(variables.by_name),
     }
-    return run, facts
+
+    def read() -> dict:
+        return {name: v.numpy() for name, v in variables.by_name.items() if v.trainable}
+
+    def write(values: dict) -> None:
+        for name, value in values.items():
+            variables.by_name[name].assign(value)
+
+    return BuiltCase(run, facts, read, write)
 
 
 def _bytes(variables) -> int:
@@ -302,9 +337,10 @@ def serve_case(spec: dict, conn) -> None:
 
         model = models.build(spec["model"], spec["params"])
         if spec["mode"] == "mirrored":
-            run, facts = build_mirrored_case(model, spec["batch"], spec["devices"])
+            case = build_mirrored_case(model, spec["batch"], spec["devices"])
         else:
-            run, facts = build_towers_case(model, spec["batch"], spec["mode"], spec["devices"])
+            case = build_towers_case(model, spec["batch"], spec["mode"], spec["devices"])
+        run, facts = case.run, case.facts
         run(spec["warmup"])
     except Exception:  # reported to the parent, which names the row that failed
         conn.send({"error": traceback.format_exc()})
@@ -729,8 +765,9 @@ def markdown_table(rows: list[Row]) -> str:
     ]
     for record in records(rows):
         if record["skipped"]:
-            lines.append(f"| {record['mode']} | {record['devices']} | skipped: "
-                         f"{record['skipped'].splitlines()[0]} | | | | | | |")
+            reason = record["skipped"].splitlines()[0].replace("|", "/")
+            label = reason if reason.startswith("failed:") else f"skipped: {reason}"
+            lines.append(f"| {record['mode']} | {record['devices']} | {label} | | | | | | |")
             continue
         lines.append(
             f"| {record['mode']} | {record['devices']} "

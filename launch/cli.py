@@ -395,6 +395,7 @@ def _bench_settings(args, job):
         run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
     )
     bench.check_settings(settings)
+    bench.check_installed(settings)
     if args.memory is not None:
         bench.check_memory(settings, args.memory)
     return settings

@@ -127,3 +127,48 @@ def test_bad_options_exit_2_with_one_line(args, message):
     assert result.returncode == 2, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("towers: error:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+
+
+# Runs one in-process row's builder from launch.bench in a fresh interpreter (the
+# mirrored row needs eager mode and logical devices, the towers rows graph mode).
+STEPS_FROM = """
+import sys, numpy as np, models
+from launch import bench
+mode, devices, initial, final = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+model = models.build("resnet20", {"image_size": 8, "base_filters": 2})
+if mode == "mirrored":
+    case = bench.build_mirrored_case(model, 16, devices)
+else:
+    case = bench.build_towers_case(model, 16, mode, devices)
+if initial != "-":
+    case.write(dict(np.load(initial)))
+else:
+    np.savez(final + ".initial.npz", **case.read())
+case.run(3)
+np.savez(final, **case.read())
+"""
+
+
+def test_mirrored_row_trains_the_same_model_maths_as_the_towers(tmp_path):
+    """Same start, same batch, 3 steps: MirroredStrategy over 2 devices and 2 towers
+    agree on every trainable variable (batch norm, weight decay and momentum included)."""
+    import numpy as np
+
+    def steps(mode: str, initial: str, final) -> dict:
+        done = subprocess.run(
+            [towers_command()[0], "-c", STEPS_FROM, mode, "2", initial, str(final)],
+            env=environment(), capture_output=True, text=True, timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return dict(np.load(final))
+
+    towers = steps("parameter_server", "-", tmp_path / "towers.npz")
+    mirrored = steps("mirrored", str(tmp_path / "towers.npz.initial.npz"),
+                     tmp_path / "mirrored.npz")
+    initial = dict(np.load(tmp_path / "towers.npz.initial.npz"))
+    assert sorted(mirrored) == sorted(towers) and len(towers) > 20
+    changed = [name for name in towers if not np.allclose(towers[name], initial[name])]
+    assert len(changed) == len(towers), set(towers) - set(changed)  # the steps trained
+    for name, value in towers.items():
+        np.testing.assert_allclose(mirrored[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
