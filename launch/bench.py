@@ -809,13 +809,18 @@ def plot(rows: list[Row], about: dict, path: str) -> None:
     base = next(r for r in rows if r.mode == SINGLE)
     figure, axes = pyplot.subplots(figsize=(6.4, 4.2), dpi=100)
     modes = [m for m in MODES if any(r.mode == m and r.rates for r in rows)]
+    def spread(points: list[Row]) -> list[list[float]]:
+        return [[r.median - min(r.rates) for r in points],
+                [max(r.rates) - r.median for r in points]]
+
     for mode in modes:
-        points = [base] + [r for r in rows if r.mode == mode and r.rates]
-        x = [r.devices for r in points]
-        y = [r.median for r in points]
-        spread = [[r.median - min(r.rates) for r in points], [max(r.rates) - r.median
-                                                             for r in points]]
-        axes.errorbar(x, y, yerr=spread, marker="o", capsize=3, label=mode)
+        points = [r for r in rows if r.mode == mode and r.rates]
+        line, = axes.plot([1] + [r.devices for r in points],
+                          [base.median] + [r.median for r in points], marker="o", label=mode)
+        axes.errorbar([r.devices for r in points], [r.median for r in points],
+                      yerr=spread(points), fmt="none", capsize=3, color=line.get_color())
+    axes.errorbar([1], [base.median], yerr=spread([base]), fmt="o", capsize=3, color="black",
+                  label=SINGLE, zorder=3)
     axes.set_xlabel("devices (towers, replicas, workers or ranks)")
     axes.set_ylabel("examples/sec (median, min-max)")
     axes.set_xticks(sorted({r.devices for r in rows}))
