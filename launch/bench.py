@@ -621,6 +621,7 @@ def plan_rows(settings: Settings) -> list[Row]:
 def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], dict]:
     """Measure every row; returns the rows and facts about the run (model, machine ...)."""
     check_settings(settings)
+    started = datetime.datetime.now(datetime.UTC)
     rows = plan_rows(settings)
     missing = horovod_missing() if "horovod" in settings.modes else None
     cases: dict[int, Any] = {}
@@ -659,8 +660,7 @@ def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Ro
     finally:
         for process in processes:
             process.close()
-    about = describe_run(settings, facts)
-    return rows, about
+    return rows, describe_run(settings, facts, started)
 
 
 def _time_one(row: Row, case, settings: Settings) -> None:
@@ -677,11 +677,13 @@ def _time_one(row: Row, case, settings: Settings) -> None:
         row.rates.clear()
 
 
-def describe_run(settings: Settings, facts: dict) -> dict:
+def describe_run(settings: Settings, facts: dict,
+                 started: datetime.datetime | None = None) -> dict:
     import tensorflow as tf
 
+    started = started or datetime.datetime.now(datetime.UTC)
     return {
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "command": "towers " + " ".join(sys.argv[1:]) if sys.argv else "",
         "model": settings.model,
         "params": settings.params,
@@ -943,10 +945,11 @@ def run_memory(settings: Settings, steps: int, write: Callable[[str], None]) -> 
 
 
 def bench(settings: Settings, memory_steps: int | None,
-          write: Callable[[str], None]) -> str:
-    """The whole command: the table (or the memory report) as markdown."""
+          write: Callable[[str], None]) -> tuple[str, list[str]]:
+    """The whole command: the table (or the memory report) as markdown, and the rows
+    whose runs failed (as "mode on N devices"), which make the command exit 1."""
     if memory_steps is not None:
-        return run_memory(settings, memory_steps, write)
+        return run_memory(settings, memory_steps, write), []
     rows, about = run_bench(settings, write)
     text = (f"model {about['model']}, global batch {about['global_batch']}, "
             f"{about['repeats']} blocks of {about['steps_per_block']} steps after "
@@ -955,6 +958,8 @@ def bench(settings: Settings, memory_steps: int | None,
     if settings.out:
         for path in write_outputs(settings.out, rows, about):
             write(f"wrote {path}")
-    return text
+    failed = [f"{r.mode} on {r.devices} devices" for r in rows
+              if r.skipped and r.skipped.startswith("failed:")]
+    return text, failed
 
 

@@ -96,6 +96,7 @@ reason, when Horovod is not installed). Warm-up steps are discarded and timed
 blocks interleaved across rows; each row reports the median with min and max,
 ratios to 1 device and to mirrored, peak RSS and gradient bytes moved per step.
 The table goes to stdout; --out also writes bench.csv, bench.json and bench.png.
+A row whose runs fail is reported with the reason and the command exits 1.
 
 examples:
   towers bench --quick                                  # about 3 minutes on 2 cores
@@ -346,7 +347,11 @@ def _run(args) -> int:
         from launch.bench import bench
         from launch.train import log
 
-        print(bench(_bench_settings(args, job), args.memory, log), flush=True)
+        report, failed = bench(_bench_settings(args, job), args.memory, log)
+        print(report, flush=True)
+        if failed:
+            log(f"error: {', '.join(failed)} failed (the reasons are in the table)")
+            return 1
     elif args.command == "data":
         from launch.convert import convert_to_tfrecord
         from launch.train import make_plan
