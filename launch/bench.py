@@ -460,7 +460,8 @@ def cluster_command(mode: str, devices: int, args: list[str]) -> list[str]:
             *towers_command("train", *args), "--backend", "horovod"]
 
 
-_HOROVOD_PREFIX = re.compile(r"^\[\d+,(\d+)\]<stdout>:(.*)$")
+# horovodrun prefixes each rank's lines: `[0]<stdout>:` with Gloo, `[1,0]<stdout>:` with MPI.
+_HOROVOD_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<stdout>:(.*)$")
 
 
 def cluster_rate(mode: str, stdout: str, stderr: str) -> float:
@@ -930,6 +931,7 @@ def memory_report(towers_rows: list[dict], samples: list[dict]) -> str:
 
 
 def run_memory(settings: Settings, steps: int, write: Callable[[str], None]) -> str:
+    started = datetime.datetime.now(datetime.UTC)
     write("peak RSS of 1 and 8 towers (parameter_server)")
     towers_rows = memory_towers(settings)
     write(f"RSS over {steps} steps of towers train")
@@ -937,7 +939,7 @@ def run_memory(settings: Settings, steps: int, write: Callable[[str], None]) -> 
     report = memory_report(towers_rows, samples)
     if settings.out:
         os.makedirs(settings.out, exist_ok=True)
-        about = describe_run(settings, {})
+        about = describe_run(settings, {}, started)
         with open(os.path.join(settings.out, "memory.json"), "w") as f:
             json.dump({"run": about, "towers": towers_rows, "train_rss": samples}, f, indent=2)
             f.write("\n")

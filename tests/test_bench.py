@@ -172,3 +172,15 @@ def test_mirrored_row_trains_the_same_model_maths_as_the_towers(tmp_path):
     assert len(changed) == len(towers), set(towers) - set(changed)  # the steps trained
     for name, value in towers.items():
         np.testing.assert_allclose(mirrored[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("prefix", ["[{rank}]<stdout>:", "[1,{rank}]<stdout>:"])
+def test_horovod_rate_is_rank_0s_last_result(prefix):
+    """horovodrun prefixes each rank's lines (Gloo `[0]`, MPI `[1,0]`); rank 0 reports
+    the whole job, so other ranks' results and rank 0's earlier lines are ignored."""
+    from launch.bench import cluster_rate
+
+    lines = [(1, '{"examples_per_sec": 5.0}'), (0, "towers: step 20/40"),
+             (0, '{"examples_per_sec": 7.0}'), (1, '{"examples_per_sec": 6.0}')]
+    stdout = "\n".join(prefix.format(rank=rank) + text for rank, text in lines)
+    assert cluster_rate("horovod", stdout, "") == 7.0
