@@ -673,7 +673,7 @@ def _time_one(row: Row, case, settings: Settings) -> None:
         return
     try:
         row.rates.append(case.time_block())
-    except (RunFailed, RuntimeError) as err:
+    except (RuntimeError, ValueError) as err:  # a failed run, or a result that did not parse
         row.skipped = f"failed: {err}"
         row.rates.clear()
 
