@@ -99,7 +99,7 @@ The table goes to stdout; --out also writes bench.csv, bench.json and bench.png.
 A row whose runs fail is reported with the reason and the command exits 1.
 
 examples:
-  towers bench --quick                                  # about 3 minutes on 2 cores
+  towers bench --quick                                  # a check that every mode runs
   towers bench --model resnet20 --batch 64 --towers 1,2,4 --out runs/bench
   towers bench -c job.yaml --modes parameter_server,mirrored --repeats 9
   towers bench --memory 5000 --model mlp --out runs/bench   # RSS: 8 towers vs 1; long run
