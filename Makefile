@@ -1,11 +1,17 @@
 # `make test` is the test command of the README and of CI (.ci/run).
 
-.PHONY: test
+.PHONY: test horovod
+
+# horovod 0.28.1 must be built against this TensorFlow; the script caches the
+# wheel (~/.cache/towers/wheels), so only the first build takes minutes.
+horovod:
+	bash docker/install-horovod.sh
 
 # The metrics tests run promtool and a real Prometheus server, both from
 # Debian's prometheus package (apt-get needs root, as on CI and the dev machines).
 test:
 	pip install -e '.[cpu,test]'
+	bash docker/install-horovod.sh
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		  apt-get install -y -qq --no-install-recommends prometheus; }

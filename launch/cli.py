@@ -27,6 +27,7 @@ EPILOG_TRAIN = """examples:
   towers train -c examples/resnet20.yaml
   towers train -c job.yaml --set train.steps=500 --set towers.devices=4
   towers train --set towers.variable_update=replicated --set train.checkpoint_dir=runs/rep
+  horovodrun -np 4 -H localhost:4 towers train -c job.yaml --backend horovod
 
 Progress goes to stderr; the last line on stdout is one JSON object with
 global_step, loss, examples_per_sec and the model's metrics. Re-running with
@@ -136,7 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    _job_command(commands, "train", "train a job (default: the built-in job)", EPILOG_TRAIN)
+    train = _job_command(commands, "train", "train a job (default: the built-in job)", EPILOG_TRAIN)
+    train.add_argument(
+        "--backend",
+        choices=["horovod"],
+        help="horovod: run as one rank of a horovodrun job "
+        "(the same as --set towers.variable_update=horovod)",
+    )
 
     evaluate = _job_command(
         commands, "eval", "evaluate a checkpoint, or watch for new ones", EPILOG_EVAL
@@ -267,8 +274,14 @@ def _run(args) -> int:
         sys.stdout.write(dump_yaml(_load(args)))
         return EXIT_OK
     _quiet_tensorflow()
+    if getattr(args, "backend", None) == "horovod":
+        args.overrides.append("towers.variable_update=horovod")
     job = _load(args)
-    if args.command == "train":
+    if args.command == "train" and job.towers.variable_update == "horovod":
+        from launch import horovod_backend
+
+        _print_json(horovod_backend.train(job))
+    elif args.command == "train":
         from launch.train import train
 
         _print_json(train(job))
@@ -333,9 +346,13 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from launch.config import ConfigError
     from launch.data import DataError
     from launch.devices import DeviceError
+    from launch.horovod_backend import HorovodError
     from launch.metrics import MetricsError
 
-    return (ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError)
+    return (
+        ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError,
+        HorovodError,
+    )
 
 
 class _StoppedBeforeStart(Exception):

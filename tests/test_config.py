@@ -374,7 +374,7 @@ BAD = [
     ("towers: {devices: ['/gpu:0', '/gpu:0']}", "towers.devices", "repeated: /gpu:0"),
     ("towers: {devices: []}", "towers.devices", "must not be an empty list"),
     ("towers: {devices: 1.5}", "towers.devices", "expected 'auto', a positive device count"),
-    ("towers: {variable_update: mirrored}", "towers.variable_update", "accepted: parameter_"),
+    ("towers: {variable_update: mirrored}", "towers.variable_update", "accepted: horovod, parameter_server, replicated"),
     ("towers: {param_device: gpu1}", "towers.param_device", "did you mean 'gpu'"),
     ("towers: {devices: 4}\ntrain: {batch_size: 2}", "train.batch_size", "at least one example"),
     ("session: {per_process_gpu_memory_fraction: 1.5}",

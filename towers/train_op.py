@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -14,6 +14,9 @@ from towers.placement import DeviceFn, least_loaded
 from towers.split import split_batch
 
 VARIABLE_UPDATES = ("parameter_server", "replicated")
+
+# Maps a list of gradients (tensors, IndexedSlices or None) to a list of the same length.
+GradientsFn = Callable[[list], list]
 
 
 class TrainOps(NamedTuple):
@@ -56,6 +59,7 @@ def build_train_op(
     clip_norm: float | None = None,
     global_step: tf.Variable | None = None,
     aggregation_device: str | None = None,
+    cross_process: GradientsFn | None = None,
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -68,12 +72,18 @@ def build_train_op(
     aggregation_device: parameter_server mode: where tower gradients are summed;
         None sums on each variable's device. A ps/worker job's worker passes its
         own CPU so it sends one gradient per variable to the ps tasks.
+    cross_process: parameter_server mode: combines this process's summed
+        gradients (a list aligned with the trainable variables; entries are
+        tensors, IndexedSlices or None) with other processes' (Horovod's
+        all-reduce), before clipping, so the norm clipped is the whole job's.
     """
     devices = _check_devices(devices)
     if variable_update not in VARIABLE_UPDATES:
         raise ValueError(
             f"variable_update must be one of {', '.join(VARIABLE_UPDATES)}; got {variable_update!r}"
         )
+    if cross_process is not None and variable_update != "parameter_server":
+        raise ValueError("cross_process needs variable_update='parameter_server'")
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     replicated = variable_update == "replicated"
@@ -101,6 +111,8 @@ def build_train_op(
     else:
         summed = grad_lib.aggregate(tower_grads, towers[0].trainable, aggregation_device)
         with tf.device(aggregation_device or home):
+            if cross_process is not None:
+                summed = cross_process(summed)
             summed, norm = grad_lib.clip_by_global_norm(summed, clip_norm)
         apply_op = optimizer.apply_gradients(_pairs(summed, towers[0].trainable), global_step)
         sync_op = tf.no_op(name="sync_replicas")
