@@ -1,11 +1,12 @@
 """docker/: the images, the compose project and the Kubernetes TFJob, held to the real CLI.
 
 No Docker engine or Kubernetes runs here, so nothing is built or deployed. Instead:
-every YAML parses; every `towers` command line in the Dockerfiles, the compose services
-and the TFJob is accepted by the CLI's own argument parser and its job file and
-overrides by the job loader; each compose service resolves to the task its name says;
-the compose services' metrics ports are exactly Prometheus's scrape targets; the
-Dockerfiles install the project the way the README does; and the TF_CONFIG the
+every YAML parses and docker-compose accepts the compose file (it needs no engine
+for that); every `towers` command line in the Dockerfiles, the compose services and
+the TFJob is accepted by the CLI's own argument parser, and its job file and
+overrides by the job loader; each compose service resolves to the task its name
+says; the compose services' metrics ports are exactly Prometheus's scrape targets;
+the Dockerfiles install the project the way the README does; and the TF_CONFIG the
 training operator would give each replica of the TFJob runs a real cluster of
 `towers` processes on 127.0.0.1 to the end (every process stopped by pid).
 """
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 
@@ -204,6 +206,17 @@ def test_the_job_files_pass_towers_validate(job_file, tmp_path):
 
 def compose_job():
     return load_job(os.path.join(DOCKER, "compose-job.yaml"), check_model=check_model)
+
+
+def test_docker_compose_accepts_the_compose_file():
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        pytest.fail("docker-compose is not installed: run `make test`, which installs Debian's "
+                    "docker-compose (it checks a compose file without a Docker engine)")
+    checked = subprocess.run([binary, "-f", COMPOSE, "config", "--quiet"], cwd=DOCKER,
+                             capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_each_compose_service_resolves_to_the_task_its_name_says():
