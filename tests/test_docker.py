@@ -416,3 +416,17 @@ def test_the_tfjob_tf_config_runs_a_real_cluster_to_the_end(tmp_path):
     evaluated = last_json(outputs["evaluator0"][0])
     assert evaluated["global_step"] >= 30
     assert last_json(outputs["ps0"][0])["workers_reported"] == 2
+
+
+def test_the_readme_commands_name_these_files_and_images():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    for path in set(re.findall(r"-f (docker/\S+)", readme)):
+        assert os.path.isfile(os.path.join(ROOT, path)), path
+    built = dict(re.findall(r"docker build -f (docker/Dockerfile\S*) -t (towers:\w+) \.", readme))
+    assert built == {"docker/Dockerfile": "towers:cpu", "docker/Dockerfile.gpu": "towers:gpu"}
+    assert {s["image"] for s in towers_services().values()} == {"towers:cpu"}
+    assert all(s["build"]["dockerfile"] == "docker/Dockerfile" for s in towers_services().values())
+    images = {spec["template"]["spec"]["containers"][0]["image"]
+              for spec in replica_specs().values()}
+    assert images == {"towers:gpu"}  # what the README's sed replaces with a registry's
