@@ -179,14 +179,16 @@ def tfjob_job_file(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("where, argv", command_lines(), ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize("where, argv", command_lines(),
+                         ids=[where for where, _ in command_lines()])
 def test_every_command_line_is_accepted_by_the_towers_cli(where, argv, tmp_path):
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse's way of rejecting a command line
         pytest.fail(f"{where}: towers {shlex.join(argv)} is rejected (exit {exit_.code})")
     job_file = None
-    if args.config is not None:
+    if args.config is not None:  # the file mounted there: the ConfigMap's, or compose's
+        assert args.config == JOB_MOUNT, where
         job_file = (tfjob_job_file(tmp_path) if where.startswith("TFJob")
                     else os.path.join(DOCKER, "compose-job.yaml"))
     load_job(job_file, args.overrides, check_model=check_model)
