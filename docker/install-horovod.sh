@@ -25,7 +25,7 @@ if "$python" -c 'import horovod.tensorflow' 2>/dev/null; then
 fi
 
 if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    echo "building horovod $HOROVOD_VERSION for TensorFlow $tf_version (about 8 minutes on 2 cores)"
+    echo "building horovod $HOROVOD_VERSION for TensorFlow $tf_version (several minutes)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
     "$python" -m pip download --quiet --no-deps --no-binary :all: \

@@ -31,7 +31,7 @@ V1 = tf.compat.v1
 
 INSTALL = (
     "horovod is not installed; install it with `make horovod` "
-    "(docker/install-horovod.sh builds it against this TensorFlow, about 8 minutes "
+    "(docker/install-horovod.sh builds it against this TensorFlow, some minutes "
     "the first time, cached afterwards)"
 )
 
