@@ -132,7 +132,9 @@ def _restore_problem(prefix: str) -> str | None:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
             reader.get_tensor(name)
-    except (tf.errors.OpError, ValueError) as err:
+    # The reader's C++ errors arrive as OpError, or as a bare IndexError ("Read less
+    # bytes than requested" from a truncated file), ValueError or RuntimeError.
+    except (tf.errors.OpError, ValueError, IndexError, RuntimeError) as err:
         return _first_line(err.message if isinstance(err, tf.errors.OpError) else str(err))
     return None
 
