@@ -50,13 +50,22 @@ class Saver(V1.train.Saver):
         except _SESSION_ERRORS:
             raise
         except (tf.errors.OpError, OSError, ValueError) as err:
-            reason = err.message if isinstance(err, tf.errors.OpError) else str(err)
+            reason = _os_reason(err.message) if isinstance(err, tf.errors.OpError) else str(err)
             latest = tf.train.latest_checkpoint(os.path.dirname(save_path))
             raise CheckpointWriteError(
                 f"train.checkpoint_dir: cannot write a checkpoint in {os.path.dirname(save_path)}"
-                f" ({_first_line(reason)}); the latest complete checkpoint is "
+                f" ({reason}); the latest complete checkpoint is "
                 f"{latest or 'none'}. Free space or fix the directory, then run again to resume"
             ) from None
+
+
+def _os_reason(message: str) -> str:
+    """The cause in a graph execution error: the line after "Node: '...'", e.g.
+    "/dir/model.ckpt-9.data-...tempstate123; No space left on device", from its "; "."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    after = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("Node:")]
+    cause = after[0] if after else _first_line(message)
+    return cause.rpartition("; ")[2]
 
 
 def _first_line(text: str) -> str:

@@ -14,7 +14,9 @@ How a job ends, so that no process waits forever:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -133,10 +135,16 @@ def _quiet_cancelled_queue_runners() -> None:
 
 
 def _start_server(task: Task, config: V1.ConfigProto, write) -> tf.distribute.Server:
-    server = tf.distribute.Server(
-        task.cluster_spec(), task.job_name, task.task_index, config=config, start=True
-    )
     port = task.address.rpartition(":")[2]
+    try:
+        server = tf.distribute.Server(
+            task.cluster_spec(), task.job_name, task.task_index, config=config, start=True
+        )
+    except tf.errors.UnknownError as err:  # TensorFlow says only "Could not start gRPC server"
+        raise ClusterError(
+            f"cluster.{task.job_name}: cannot serve {task.job_name} {task.task_index} at "
+            f"{task.address}: {_port_problem(int(port)) or err.message}"
+        ) from None
     # TensorFlow's gRPC server listens on 0.0.0.0:<port> whatever host the cluster
     # gives (grpc_server_lib.cc); say so, since we cannot narrow it.
     write(
@@ -145,6 +153,18 @@ def _start_server(task: Task, config: V1.ConfigProto, write) -> tf.distribute.Se
         f"{port} of every interface, so firewall it to the cluster"
     )
     return server
+
+
+def _port_problem(port: int) -> str | None:
+    """Why this process cannot listen on `port` of every interface (as TensorFlow does)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return f"port {port} is already in use by another process"
+            return f"port {port}: {err.strerror}"
+    return None
 
 
 def _report_finished(task: Task, server: tf.distribute.Server, config: V1.ConfigProto) -> None:

@@ -136,3 +136,148 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores
     assert_nothing_lost(ckpt, 40)
     assert os.listdir(ckpt / "unrestorable")  # the damaged files are kept, aside
     print(f"recovered in {time.monotonic() - started:.1f} s")
+
+
+# --- preemption ---------------------------------------------------------------------------
+
+class Process:
+    """A towers command with its output in files, stopped by pid when the test ends."""
+
+    def __init__(self, tmp_path, name, *args):
+        self.err_path = tmp_path / f"{name}.err"
+        self._out = open(tmp_path / f"{name}.out", "w")
+        self._err = open(self.err_path, "w")
+        self.proc = subprocess.Popen(towers_command(*args), env=environment(), stdout=self._out,
+                                     stderr=self._err, stdin=subprocess.DEVNULL)
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    @property
+    def stdout(self) -> str:
+        return (self.err_path.parent / self.err_path.name.replace(".err", ".out")).read_text()
+
+    def wait_for(self, pattern, timeout=120):
+        """The first match of `pattern` in the process's stderr, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.stderr)
+            if found:
+                return found
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}\n{self.stderr[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {pattern!r}\n{self.stderr[-3000:]}")
+
+    def wait(self, timeout=120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, 200))
+    try:
+        trainer.wait_for(r"saved checkpoint at step [1-9]\d*")
+        trainer.proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert trainer.wait(timeout=60) == 0, trainer.stderr[-3000:]
+        took = time.monotonic() - sent
+    finally:
+        trainer.stop()
+    assert took < 30, took
+    reported = saved_steps(trainer.stderr)
+    summary = last_json(trainer.stdout)
+    assert summary["stopped_by"] == "signal"
+    assert assert_nothing_lost(ckpt, reported[-1]) == summary["global_step"] >= reported[-1]
+    resumed = run_towers("train", *job(ckpt, summary["global_step"] + 20, 200))
+    assert ok(resumed)["global_step"] == summary["global_step"] + 20
+    assert saved_steps(resumed.stderr)[0] == summary["global_step"]
+    print(f"stopped {took:.1f} s after SIGTERM at step {summary['global_step']}")
+
+
+# --- resources ----------------------------------------------------------------------------
+
+def test_a_port_in_use_is_one_line_naming_it(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (ps,) = free_ports(1)
+        result = run_towers("worker", *job(tmp_path / "c", 10), "--ps-hosts", f"127.0.0.1:{ps}",
+                            "--worker-hosts", f"127.0.0.1:{port}", "--task-index", "0",
+                            timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert_one_clear_line(result, str(port), "in use")
+
+
+def test_an_unwritable_checkpoint_directory_is_refused_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = run_towers("train", *job(blocker / "ckpt", 10))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert_one_clear_line(result, "train.checkpoint_dir", str(blocker))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs (needs root); elsewhere, a directory that can be made read-only."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0:
+        yield disk, "read-only"
+        disk.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root but cannot mount a tmpfs to fill ({mounted.stderr.strip()}), and "
+                    "permissions do not bind root, so neither a full nor a read-only "
+                    "disk can be simulated")
+    try:
+        yield disk, "full"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk):
+    """Write zeros until the file system says no space is left."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_disk_that_fills_mid_run_stops_the_job_with_one_line_and_keeps_the_checkpoint(
+        tmp_path, small_disk):
+    disk, how = small_disk
+    ckpt = disk / "ckpt"
+    trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, "null"),
+                      "--set", "train.checkpoint_every_secs=2",
+                      "--set", "train.summary_every_steps=1000000")
+    try:
+        trainer.wait_for(r"saved checkpoint at step 0")
+        if how == "full":
+            fill(disk)
+        else:
+            ckpt.chmod(0o555)
+        code = trainer.wait(timeout=60)
+    finally:
+        trainer.stop()
+        if (disk / "filler").exists():
+            os.remove(disk / "filler")
+    assert code == RESOURCE, trainer.stderr[-3000:]
+    assert "Traceback" not in trainer.stderr, trainer.stderr[-3000:]
+    errors = [ln for ln in trainer.stderr.splitlines() if ln.startswith("towers: error:")]
+    assert len(errors) == 1 and str(ckpt) in errors[0] and "model.ckpt-0" in errors[0], errors
+    assert ("No space left on device" if how == "full" else "Permission denied") in errors[0]
+    assert assert_nothing_lost(ckpt, 0) == 0
