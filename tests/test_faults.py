@@ -281,3 +281,108 @@ def test_a_disk_that_fills_mid_run_stops_the_job_with_one_line_and_keeps_the_che
     assert len(errors) == 1 and str(ckpt) in errors[0] and "model.ckpt-0" in errors[0], errors
     assert ("No space left on device" if how == "full" else "Permission denied") in errors[0]
     assert assert_nothing_lost(ckpt, 0) == 0
+
+
+# --- ps/worker: a ps lost ------------------------------------------------------------------
+
+CLUSTER = ["--set", "model.name=mlp", "--set", "model.hidden_units=[16]",
+           "--set", "train.batch_size=32", "--set", "data.num_examples=1000",
+           "--set", "train.log_every_steps=100", "--set", "cluster.startup_timeout_secs=60",
+           "--set", "cluster.shutdown_grace_secs=10",
+           "--set", "cluster.operation_timeout_secs=20"]
+
+
+class Cluster:
+    """One ps and `workers` workers (0 is chief) on free loopback ports, each a Process."""
+
+    def __init__(self, tmp_path, steps, *extra, workers=2):
+        self.tmp_path = tmp_path
+        self.ps, *self.workers = (f"127.0.0.1:{p}" for p in free_ports(1 + workers))
+        self.ckpt = tmp_path / "ckpt"
+        self.args = [*CLUSTER, "--set", f"train.checkpoint_dir={self.ckpt}",
+                     "--set", f"train.steps={steps}", *extra,
+                     "--ps-hosts", self.ps, "--worker-hosts", ",".join(self.workers)]
+        self.tasks: dict[str, Process] = {}
+
+    def start(self, name, role, index):
+        self.tasks[name] = Process(self.tmp_path, name, role, *self.args,
+                                   "--task-index", str(index))
+        return self.tasks[name]
+
+    def kill(self, name):
+        self.tasks[name].proc.kill()
+        self.tasks[name].proc.wait()
+
+    def stop(self):
+        for task in self.tasks.values():
+            task.stop()
+
+
+def test_a_ps_killed_and_restarted_the_workers_reconnect_and_the_job_completes(tmp_path):
+    cluster = Cluster(tmp_path, 800, "--set", "train.checkpoint_every_steps=100",
+                      "--set", "cluster.reconnect_timeout_secs=60")
+    try:
+        cluster.start("ps", "ps", 0)
+        chief = cluster.start("chief", "worker", 0)
+        worker = cluster.start("worker1", "worker", 1)
+        chief.wait_for(r"saved checkpoint at step [1-9]\d*")
+        saved_before = saved_steps(chief.stderr)[-1]
+        cluster.kill("ps")
+        killed = time.monotonic()
+        cluster.start("ps-again", "ps", 0)
+        # After the restart the chief restores the last checkpoint, and saves it again.
+        count = len(saved_steps(chief.stderr))
+        deadline = time.monotonic() + 120
+        while len(saved_steps(chief.stderr)) <= count and time.monotonic() < deadline:
+            assert chief.proc.poll() is None, chief.stderr[-3000:]
+            time.sleep(0.2)
+        recovered = time.monotonic() - killed
+        for name, task in cluster.tasks.items():
+            if name != "ps":
+                assert task.wait(timeout=180) == 0, (name, task.stderr[-3000:])
+    finally:
+        cluster.stop()
+    after = saved_steps(chief.stderr)[count:]
+    assert after and after[0] >= saved_before, (saved_before, after)
+    assert "lost ps 0" in worker.stderr or "lost ps 0" in chief.stderr
+    assert assert_nothing_lost(cluster.ckpt, 800) >= 800
+    print(f"saved {saved_before} before the kill; resumed at {after[0]}, {recovered:.1f} s later")
+
+
+def test_a_ps_that_stays_down_ends_the_workers_with_138_after_the_deadline(tmp_path):
+    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1)
+    try:
+        cluster.start("ps", "ps", 0)
+        chief = cluster.start("chief", "worker", 0)
+        chief.wait_for(r"step \d+/")
+        cluster.kill("ps")
+        killed = time.monotonic()
+        code = chief.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        cluster.stop()
+    assert code == PEER_LOST, chief.stderr[-3000:]
+    assert "Traceback" not in chief.stderr
+    assert f"ps 0 at {cluster.ps} has not answered for 5 s" in chief.stderr
+    assert took < 20, took
+    assert_nothing_lost(cluster.ckpt, 0)
+    print(f"worker gave up {took:.1f} s after the ps was killed")
+
+
+def test_a_ps_whose_workers_all_died_ends_after_the_deadline(tmp_path):
+    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1)
+    try:
+        ps = cluster.start("ps", "ps", 0)
+        chief = cluster.start("chief", "worker", 0)
+        chief.wait_for(r"step \d+/")
+        cluster.kill("chief")
+        killed = time.monotonic()
+        code = ps.wait(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        cluster.stop()
+    assert code == PEER_LOST, ps.stderr[-3000:]
+    assert "Traceback" not in ps.stderr
+    assert "no worker has answered for 5 s" in ps.stderr
+    assert took < 20, took
+    print(f"ps ended {took:.1f} s after its last worker was killed")
