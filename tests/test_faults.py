@@ -34,12 +34,13 @@ def job(ckpt, steps, every=10, *extra):
             "--set", f"train.checkpoint_every_steps={every}", *extra]
 
 
-def poisoned_csv(path, bad_step, rows=800):
-    """CSV data read in file order whose batch for `bad_step` (1-based) holds one NaN."""
+def poisoned_csv(path, bad_steps, rows=800):
+    """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds a NaN."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, 8)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
-    x[(bad_step - 1) * BATCH + 3, 2] = np.nan
+    for step in bad_steps:
+        x[(step - 1) * BATCH + 3, 2] = np.nan
     header = ",".join([f"f{i}" for i in range(8)] + ["label"])
     np.savetxt(path, np.concatenate([x, y[:, None]], axis=1), delimiter=",", header=header,
                comments="", fmt=["%.6f"] * 8 + ["%d"])
@@ -87,30 +88,28 @@ def test_nan_gradient_stops_the_job_with_status_3_and_the_last_good_checkpoint(t
     ckpt = tmp_path / "ckpt"
     # The NaN feature leaves the loss finite (ReLU maps NaN to 0) but not the gradient:
     # a loss-only check (NanTensorHook) would let this update through.
-    result = run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", 25))
+    result = run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]))
     assert result.returncode == DIVERGED, result.stderr[-3000:]
     assert_one_clear_line(result, "training diverged", "non-finite", "model.ckpt-20")
     assert saved_steps(result.stderr) == [0, 10, 20]
     assert assert_nothing_lost(ckpt, 20) == 20
 
 
-def test_skip_policy_drops_the_poisoned_step_and_finishes(tmp_path):
+def test_skip_policy_drops_poisoned_steps_and_gives_up_after_too_many_in_a_row(tmp_path):
     ckpt = tmp_path / "ckpt"
-    summary = ok(run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", 25),
-                            "--set", "train.on_nonfinite=skip"))
-    assert summary["global_step"] == 40
-    assert assert_nothing_lost(ckpt, 40) == 40
-
-
-def test_skip_policy_gives_up_after_too_many_in_a_row(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    result = run_towers("train", *job(ckpt, 40), "--set", "train.on_nonfinite=skip",
-                        "--set", "train.max_nonfinite_steps=3",
-                        "--set", "optimizer.learning_rate=1e38")
+    # Step 15 alone is poisoned, then steps 25 to 28: skipping 15 goes on, the fourth
+    # in a row (one more than allowed) ends the job.
+    result = run_towers("train", *job(ckpt, 40),
+                        *poisoned_csv(tmp_path / "d.csv", [15, 25, 26, 27, 28]),
+                        "--set", "train.on_nonfinite=skip", "--set", "train.max_nonfinite_steps=3")
     assert result.returncode == DIVERGED, result.stderr[-3000:]
-    assert_one_clear_line(result, "4 steps in a row", "train.max_nonfinite_steps is 3")
-    assert result.stderr.count("update skipped") == 4
-    assert_nothing_lost(ckpt, 0)
+    assert_one_clear_line(result, "4 steps in a row", "train.max_nonfinite_steps is 3",
+                          "model.ckpt-20")
+    skipped = [int(s) for s in re.findall(r"step (\d+): non-finite .* update skipped",
+                                          result.stderr)]
+    assert skipped == [15, 25, 26, 27, 28]
+    assert saved_steps(result.stderr) == [0, 10, 20]
+    assert assert_nothing_lost(ckpt, 20) == 20
 
 
 # --- a damaged newest checkpoint ----------------------------------------------------------
@@ -122,9 +121,8 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores
     # disk mid-write), and a state file naming a checkpoint whose files are gone.
     with open(ckpt / "model.ckpt-30.data-00000-of-00001", "r+b") as f:
         f.truncate(100)
-    tf.compat.v1.train.update_checkpoint_state(
-        str(ckpt), "model.ckpt-40",
-        all_model_checkpoint_paths=[f"model.ckpt-{s}" for s in (0, 10, 20, 30, 40)])
+    (ckpt / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n' + "".join(
+        f'all_model_checkpoint_paths: "model.ckpt-{s}"\n' for s in (0, 10, 20, 30, 40)))
     started = time.monotonic()
     result = run_towers("train", *job(ckpt, 40))
     summary = ok(result)
@@ -293,15 +291,16 @@ CLUSTER = ["--set", "model.name=mlp", "--set", "model.hidden_units=[16]",
 
 
 class Cluster:
-    """One ps and `workers` workers (0 is chief) on free loopback ports, each a Process."""
+    """`ps` ps tasks and `workers` workers (0 is chief) on loopback ports, each a Process."""
 
-    def __init__(self, tmp_path, steps, *extra, workers=2):
+    def __init__(self, tmp_path, steps, *extra, workers=1, ps=1):
         self.tmp_path = tmp_path
-        self.ps, *self.workers = (f"127.0.0.1:{p}" for p in free_ports(1 + workers))
+        ports = [f"127.0.0.1:{p}" for p in free_ports(ps + workers)]
+        self.ps, self.workers = ports[:ps], ports[ps:]
         self.ckpt = tmp_path / "ckpt"
         self.args = [*CLUSTER, "--set", f"train.checkpoint_dir={self.ckpt}",
                      "--set", f"train.steps={steps}", *extra,
-                     "--ps-hosts", self.ps, "--worker-hosts", ",".join(self.workers)]
+                     "--ps-hosts", ",".join(self.ps), "--worker-hosts", ",".join(self.workers)]
         self.tasks: dict[str, Process] = {}
 
     def start(self, name, role, index):
@@ -318,20 +317,21 @@ class Cluster:
             task.stop()
 
 
-def test_a_ps_killed_and_restarted_the_workers_reconnect_and_the_job_completes(tmp_path):
+def test_a_ps_killed_and_restarted_the_chief_restores_and_the_job_completes(tmp_path):
+    # One worker, the chief: a second one would rejoin too, but only after
+    # MonitoredSession's 30 s recovery poll, too long for this suite.
     cluster = Cluster(tmp_path, 800, "--set", "train.checkpoint_every_steps=100",
                       "--set", "cluster.reconnect_timeout_secs=60")
     try:
         cluster.start("ps", "ps", 0)
         chief = cluster.start("chief", "worker", 0)
-        worker = cluster.start("worker1", "worker", 1)
         chief.wait_for(r"saved checkpoint at step [1-9]\d*")
-        saved_before = saved_steps(chief.stderr)[-1]
         cluster.kill("ps")
         killed = time.monotonic()
+        saved_before = saved_steps(chief.stderr)
+        count = len(saved_before)
         cluster.start("ps-again", "ps", 0)
         # After the restart the chief restores the last checkpoint, and saves it again.
-        count = len(saved_steps(chief.stderr))
         deadline = time.monotonic() + 120
         while len(saved_steps(chief.stderr)) <= count and time.monotonic() < deadline:
             assert chief.proc.poll() is None, chief.stderr[-3000:]
@@ -343,46 +343,36 @@ def test_a_ps_killed_and_restarted_the_workers_reconnect_and_the_job_completes(t
     finally:
         cluster.stop()
     after = saved_steps(chief.stderr)[count:]
-    assert after and after[0] >= saved_before, (saved_before, after)
-    assert "lost ps 0" in worker.stderr or "lost ps 0" in chief.stderr
+    assert after and after[0] >= saved_before[-1], (saved_before, after)
+    assert "lost ps 0" in chief.stderr
     assert assert_nothing_lost(cluster.ckpt, 800) >= 800
-    print(f"saved {saved_before} before the kill; resumed at {after[0]}, {recovered:.1f} s later")
+    print(f"saved {saved_before[-1]} before the kill; resumed at {after[0]}, "
+          f"{recovered:.1f} s later")
 
 
-def test_a_ps_that_stays_down_ends_the_workers_with_138_after_the_deadline(tmp_path):
-    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1)
+def test_a_ps_that_stays_down_ends_its_workers_and_then_the_other_ps_with_138(tmp_path):
+    # Two ps tasks: losing ps 1 for good ends the worker after the deadline, and ps 0,
+    # left with no worker that will ever report, ends after the same deadline.
+    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1,
+                      ps=2)
     try:
-        cluster.start("ps", "ps", 0)
+        ps0 = cluster.start("ps0", "ps", 0)
+        cluster.start("ps1", "ps", 1)
         chief = cluster.start("chief", "worker", 0)
         chief.wait_for(r"step \d+/")
-        cluster.kill("ps")
+        cluster.kill("ps1")
         killed = time.monotonic()
-        code = chief.wait(timeout=60)
-        took = time.monotonic() - killed
+        codes = [chief.wait(timeout=60)]
+        worker_took = time.monotonic() - killed
+        codes.append(ps0.wait(timeout=60))
+        ps_took = time.monotonic() - killed
     finally:
         cluster.stop()
-    assert code == PEER_LOST, chief.stderr[-3000:]
-    assert "Traceback" not in chief.stderr
-    assert f"ps 0 at {cluster.ps} has not answered for 5 s" in chief.stderr
-    assert took < 20, took
+    assert codes == [PEER_LOST, PEER_LOST], (chief.stderr[-2000:], ps0.stderr[-2000:])
+    assert "Traceback" not in chief.stderr + ps0.stderr
+    assert f"ps 1 at {cluster.ps[1]} has not answered for 5 s" in chief.stderr
+    assert "no worker has answered for 5 s" in ps0.stderr
+    assert worker_took < 20 and ps_took < 30, (worker_took, ps_took)
     assert_nothing_lost(cluster.ckpt, 0)
-    print(f"worker gave up {took:.1f} s after the ps was killed")
-
-
-def test_a_ps_whose_workers_all_died_ends_after_the_deadline(tmp_path):
-    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1)
-    try:
-        ps = cluster.start("ps", "ps", 0)
-        chief = cluster.start("chief", "worker", 0)
-        chief.wait_for(r"step \d+/")
-        cluster.kill("chief")
-        killed = time.monotonic()
-        code = ps.wait(timeout=60)
-        took = time.monotonic() - killed
-    finally:
-        cluster.stop()
-    assert code == PEER_LOST, ps.stderr[-3000:]
-    assert "Traceback" not in ps.stderr
-    assert "no worker has answered for 5 s" in ps.stderr
-    assert took < 20, took
-    print(f"ps ended {took:.1f} s after its last worker was killed")
+    print(f"worker gave up {worker_took:.1f} s after ps 1 was killed; "
+          f"ps 0 ended at {ps_took:.1f} s")
