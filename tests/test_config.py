@@ -72,6 +72,8 @@ train:
   seed: 0
   sync: false
   backup_workers: 0
+  on_nonfinite: stop
+  max_nonfinite_steps: 10
 eval:
   steps: 20
   batch_size: 256
@@ -97,6 +99,7 @@ cluster:
   startup_timeout_secs: 120.0
   operation_timeout_secs: 300.0
   shutdown_grace_secs: 30.0
+  reconnect_timeout_secs: 120.0
 """
 
 # Every key set to something other than its default.
@@ -286,6 +289,11 @@ def test_override_wins_over_file(tmp_path):
 def test_checkpoint_secs_alone_turns_off_the_steps_default():
     train = load_job(None, ["train.checkpoint_every_secs=60"]).train
     assert (train.checkpoint_every_steps, train.checkpoint_every_secs) == (None, 60.0)
+
+
+def test_skipping_nonfinite_steps_is_refused_in_sync_mode():
+    error = raises_config_error(None, ["train.on_nonfinite=skip", "train.sync=true"])
+    assert "train.on_nonfinite" in str(error) and "train.sync" in str(error)
 
 
 @pytest.mark.parametrize("override", ["train.steps", "=5", ".steps=1", "train..steps=1", " =1"])
