@@ -3,11 +3,12 @@ falling back past a damaged newest checkpoint, and saves that fail with one clea
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -18,8 +19,7 @@ V1 = tf.compat.v1
 
 CHECKPOINT_BASENAME = "model.ckpt"  # CheckpointSaverHook's prefix: model.ckpt-<step>
 UNRESTORABLE_DIR = "unrestorable"  # where damaged checkpoints are moved, inside checkpoint_dir
-# Errors of a session whose peer went away: MonitoredSession recovers from these,
-# so a save that meets one must raise it unchanged.
+# Errors of a session whose peer went away: not the disk's fault.
 _SESSION_ERRORS = (
     tf.errors.AbortedError,
     tf.errors.UnavailableError,
@@ -36,32 +36,32 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written mid-run (disk full, directory read-only or gone)."""
 
 
-class Saver(V1.train.Saver):
-    """A Saver whose failed save raises one CheckpointWriteError naming the path.
-
-    A failed save leaves the previous checkpoint the latest: TensorFlow writes the
-    data under a temporary name, renames it when complete, and only then rewrites
-    the `checkpoint` state file (itself by rename).
-    """
-
-    def save(self, sess, save_path, *args, **kwargs):
-        try:
-            return super().save(sess, save_path, *args, **kwargs)
-        except _SESSION_ERRORS:
+@contextlib.contextmanager
+def write_failures(checkpoint_dir: str) -> Iterator[None]:
+    """Turn a failed write into checkpoint_dir (a checkpoint, the graph, summaries: disk
+    full, directory read-only or gone) into one CheckpointWriteError naming the latest
+    intact checkpoint. A failed save leaves that one the latest: TensorFlow writes the
+    data under a temporary name, renames it when complete, and only then rewrites the
+    `checkpoint` state file (itself by rename)."""
+    try:
+        yield
+    except _SESSION_ERRORS:
+        raise
+    except (tf.errors.OpError, OSError, ValueError) as err:
+        message = err.message if isinstance(err, tf.errors.OpError) else str(err)
+        if not any(p in message for p in {checkpoint_dir, os.path.abspath(checkpoint_dir)}):
             raise
-        except (tf.errors.OpError, OSError, ValueError) as err:
-            reason = _os_reason(err.message) if isinstance(err, tf.errors.OpError) else str(err)
-            latest = tf.train.latest_checkpoint(os.path.dirname(save_path))
-            raise CheckpointWriteError(
-                f"train.checkpoint_dir: cannot write a checkpoint in {os.path.dirname(save_path)}"
-                f" ({reason}); the latest complete checkpoint is "
-                f"{latest or 'none'}. Free space or fix the directory, then run again to resume"
-            ) from None
+        latest = tf.train.latest_checkpoint(checkpoint_dir)
+        raise CheckpointWriteError(
+            f"train.checkpoint_dir: cannot write in {checkpoint_dir} ({_os_reason(message)}); "
+            f"the latest complete checkpoint is {latest or 'none'}. Free space or fix the "
+            "directory, then run again to resume"
+        ) from None
 
 
 def _os_reason(message: str) -> str:
-    """The cause in a graph execution error: the line after "Node: '...'", e.g.
-    "/dir/model.ckpt-9.data-...tempstate123; No space left on device", from its "; "."""
+    """The cause in an I/O error: in a graph execution error the line after "Node: '...'",
+    e.g. "/dir/model.ckpt-9.data-...tempstate123; No space left on device", from its "; "."""
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     after = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("Node:")]
     cause = after[0] if after else _first_line(message)

@@ -149,7 +149,7 @@ def build_training_graph(
             if v not in optimizer.variables() and v is not global_step
         ]
         checkpoints.warm_start(job.train.warm_start, model_vars, log)
-    saver = checkpoints.Saver(
+    saver = V1.train.Saver(
         max_to_keep=job.train.max_to_keep,
         keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
         save_relative_paths=True,
@@ -257,7 +257,8 @@ def train(
         ]
         # A diverged step raises; the session then closes without saving (no hook's end()).
         diverged = nonfinite_stops(cfg.checkpoint_dir if is_chief else None)
-        with diverged, V1.train.MonitoredTrainingSession(
+        unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4
+        with unwritable, diverged, V1.train.MonitoredTrainingSession(
             master=master,
             is_chief=is_chief,
             max_wait_secs=max_wait_secs,

@@ -261,7 +261,7 @@ def test_a_disk_that_fills_mid_run_stops_the_job_with_one_line_and_keeps_the_che
     ckpt = disk / "ckpt"
     trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, "null"),
                       "--set", "train.checkpoint_every_secs=2",
-                      "--set", "train.summary_every_steps=1000000")
+                      "--set", "train.summary_every_steps=100")
     try:
         trainer.wait_for(r"saved checkpoint at step 0")
         if how == "full":
