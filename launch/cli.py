@@ -84,7 +84,8 @@ examples:
 
 EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
 task's lines with its name, forwards Ctrl-C/SIGTERM to every task, and exits
-non-zero if any task failed. The last line on stdout is the chief's JSON result.
+with the status of the first task that failed, if any. The last line on stdout
+is the chief's JSON result.
 Each task serves Prometheus metrics on a port of its own; the ports are printed
 and listed in a file_sd targets file for Prometheus.
 
