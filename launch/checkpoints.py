@@ -33,7 +33,7 @@ class CheckpointError(ValueError):
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written mid-run (disk full, directory read-only or gone)."""
+    """A write into checkpoint_dir failed mid-run (disk full, directory read-only or gone)."""
 
 
 @contextlib.contextmanager
@@ -116,12 +116,12 @@ _MAX_LISTED = 100  # the Saver's own max_to_keep trims the list again after its 
 
 def _candidates(checkpoint_dir: str, state) -> list[str]:
     """Checkpoint prefixes the state file names or the directory holds, newest first."""
-    found = set(glob.glob(os.path.join(checkpoint_dir, f"{CHECKPOINT_BASENAME}-*.index")))
-    prefixes = {p[: -len(".index")] for p in found}
+    found = glob.glob(os.path.join(checkpoint_dir, f"{CHECKPOINT_BASENAME}-*.index"))
+    prefixes = [p[: -len(".index")] for p in found]
     if state is not None:
-        prefixes.update(state.all_model_checkpoint_paths)
-        prefixes.add(state.model_checkpoint_path)
-    return sorted(prefixes, key=_step, reverse=True)
+        prefixes += [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
+    # The state file may hold absolute paths (a Saver without save_relative_paths).
+    return sorted({os.path.abspath(p) for p in prefixes}, key=_step, reverse=True)
 
 
 def _step(prefix: str) -> int:
