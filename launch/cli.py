@@ -1,9 +1,12 @@
 """The `towers` command: train, eval, validate, devices, data convert.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
-2 bad input (job file, flags, data, devices, checkpoint directory), one line
-on stderr and nothing written; 138 a peer task of a ps/worker job could not be
-reached in time (retryable: restart the task).
+2 bad input (job file, flags, data, devices, checkpoint directory, ports), one
+line on stderr and nothing written; 3 diverged (a non-finite loss or gradient,
+never applied; the latest checkpoint holds the last good weights); 4 a resource
+failed mid-run (a checkpoint could not be written; the previous one is intact);
+138 a peer task of a ps/worker job could not be reached in time (retryable:
+restart the task).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_RESOURCE = 4
 # Retryable. 138 (128 + SIGUSR1) is the code Kubeflow's TFJob `restartPolicy:
 # ExitCode` reserves for a user-defined retryable error; it treats 1-127 as
 # permanent, so a small code here would never be retried there.
@@ -80,7 +85,8 @@ examples:
 
 EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
 task's lines with its name, forwards Ctrl-C/SIGTERM to every task, and exits
-non-zero if any task failed. The last line on stdout is the chief's JSON result.
+with the status of the first task that failed, if any. The last line on stdout
+is the chief's JSON result.
 Each task serves Prometheus metrics on a port of its own; the ports are printed
 and listed in a file_sd targets file for Prometheus.
 
@@ -355,6 +361,14 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     )
 
 
+def _fault_errors() -> dict[type[BaseException], int]:
+    """Failures during a run that are not bugs, with their exit status."""
+    from launch.checkpoints import CheckpointWriteError
+    from launch.hooks import Diverged
+
+    return {Diverged: EXIT_DIVERGED, CheckpointWriteError: EXIT_RESOURCE}
+
+
 class _StoppedBeforeStart(Exception):
     """SIGTERM/SIGINT arrived before the command installed its own handling."""
 
@@ -392,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerUnavailable as err:
         print(f"towers: error: {err}", file=sys.stderr)
         return EXIT_PEER_UNAVAILABLE
+    except tuple(_fault_errors()) as err:
+        print(f"towers: error: {err}", file=sys.stderr)
+        return _fault_errors()[type(err)]
 
 
 if __name__ == "__main__":

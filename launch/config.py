@@ -558,6 +558,11 @@ class TrainConfig:
     # (workers - backup_workers) workers per step; the slowest backups are dropped.
     sync: bool = _field(False, _boolean)
     backup_workers: int = _field(0, _number(int, ge=0))
+    # A step whose loss or gradient is NaN or infinite is never applied: "stop" ends
+    # the job (exit status 3), "skip" drops the update and goes on, ending the job
+    # only after more than max_nonfinite_steps such steps in a row.
+    on_nonfinite: str = _field("stop", _choice("stop", "skip"))
+    max_nonfinite_steps: int = _field(10, _positive_int)
 
 
 @dataclass(frozen=True)
@@ -605,7 +610,9 @@ class ClusterConfig:
     chief: optional, at most one (as Kubeflow's TFJob writes it); without it worker 0
     is chief. evaluator: at most one; it runs no server. Timeouts bound every wait:
     startup for peers to come up, operation for a step (a dead peer becomes an
-    error instead of a hang), shutdown grace for the last workers to report done.
+    error instead of a hang), shutdown grace for the last workers to report done,
+    reconnect for a peer lost mid-job (a worker's ps tasks, a ps task's workers)
+    to come back before the task gives up with exit status 138.
     """
 
     ps: tuple[str, ...] = _field((), _unique(_tuple_of(_host_port)))
@@ -615,6 +622,7 @@ class ClusterConfig:
     startup_timeout_secs: float = _field(120.0, _number(float, gt=0))
     operation_timeout_secs: float = _field(300.0, _number(float, gt=0))
     shutdown_grace_secs: float = _field(30.0, _number(float, gt=0))
+    reconnect_timeout_secs: float = _field(120.0, _number(float, gt=0))
 
 
 @dataclass(frozen=True)
@@ -670,6 +678,11 @@ def _check_schedule(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
 
 
 def _check_train(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
+    if values["on_nonfinite"] == "skip" and values["sync"]:
+        raise _Invalid(
+            "skip is not available with train.sync (every worker's gradient is awaited); "
+            "use stop", "on_nonfinite", ["sync"],
+        )
     if values["checkpoint_every_secs"] is None or values["checkpoint_every_steps"] is None:
         return
     if "checkpoint_every_steps" not in raw:

@@ -15,7 +15,13 @@ from launch import checkpoints, data, metrics
 from launch.cluster import PeerUnavailable
 from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, tower_devices
-from launch.hooks import PlacementTraceHook, ProgressHook, StopOnSignalHook
+from launch.hooks import (
+    PlacementTraceHook,
+    ProgressHook,
+    SkipNonFiniteHook,
+    StopOnSignalHook,
+    nonfinite_stops,
+)
 from launch.optim import learning_rate, make_optimizer
 from launch.session import session_config
 
@@ -150,6 +156,7 @@ def build_training_graph(
         global_step=global_step,
         aggregation_device=plan.aggregation,
         cross_process=plan.reduce_gradients,
+        nonfinite="raise" if job.train.on_nonfinite == "stop" else "skip",
     )
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
@@ -233,6 +240,7 @@ def train(
     with graph.as_default():
         ops, scaffold, rate = build_training_graph(plan, wrap_optimizer)
         if writes:
+            checkpoints.fall_back_to_restorable(cfg.checkpoint_dir, write)
             checkpoints.check_compatible(cfg.checkpoint_dir)
         cluster_hooks = extra_hooks(ops) if extra_hooks else []
         where = "the ps tasks" if callable(plan.param_device) else plan.param_device
@@ -263,11 +271,17 @@ def train(
             stopper,
             *cluster_hooks,
         ]
+        if cfg.on_nonfinite == "skip":
+            hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
+                                           cfg.max_nonfinite_steps, write))
         chief_hooks = [
             checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
             PlacementTraceHook(cfg.checkpoint_dir),
         ] if writes else []
-        with V1.train.MonitoredTrainingSession(
+        # A diverged step raises; the session then closes without saving (no hook's end()).
+        diverged = nonfinite_stops(cfg.checkpoint_dir if writes else None)
+        unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4
+        with unwritable, diverged, V1.train.MonitoredTrainingSession(
             master=master,
             is_chief=is_chief,
             max_wait_secs=max_wait_secs,
