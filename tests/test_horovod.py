@@ -176,3 +176,20 @@ def test_too_many_ranks_on_a_host_or_a_device_list_is_an_error():
         rank_job(job(), Rank(2, 3, 2), num_host_gpus=2)
     with pytest.raises(HorovodError, match="a count of devices per rank"):
         rank_job(job(devices=["/gpu:0"]), Rank(0, 1, 0), num_host_gpus=1)
+
+
+@needs_horovod
+def test_a_nan_on_one_rank_stops_every_rank_with_status_3_and_a_clean_checkpoint(tmp_path):
+    from test_faults import assert_nothing_lost, job, poisoned_csv
+
+    # Global batch 16, 8 a rank: rank 1 reads the odd rows, and the NaN of step 25
+    # is in row 387. The job-wide gradient norm is NaN on both ranks, so both stop.
+    ckpt = tmp_path / "ckpt"
+    result = horovodrun(2, "train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]),
+                        "--backend", "horovod")
+    assert result.returncode != 0
+    for rank in (0, 1):
+        assert re.search(rf"^\[{rank}\]<stderr>:towers: error: training diverged",
+                         result.stderr, re.MULTILINE), result.stderr[-3000:]
+    assert "Exit code: 3" in result.stderr, result.stderr[-3000:]
+    assert assert_nothing_lost(ckpt, 20) == 20
