@@ -1,13 +1,22 @@
 # `make test` is the test command of the README and of CI (.ci/run).
 
-.PHONY: test
+.PHONY: test horovod
+
+# horovod 0.28.1 must be built against this TensorFlow; the script caches the
+# wheel (~/.cache/towers/wheels), so only the first build takes minutes.
+horovod:
+	bash docker/install-horovod.sh
 
 # The metrics tests run promtool and a real Prometheus server, both from
-# Debian's prometheus package (apt-get needs root, as on CI and the dev machines).
+# Debian's prometheus package; the docker tests validate the compose file with
+# Debian's docker-compose, which needs no Docker engine for that (apt-get needs
+# root, as on CI and the dev machines).
 test:
 	pip install -e '.[cpu,test]'
-	command -v promtool >/dev/null && command -v prometheus >/dev/null || \
+	bash docker/install-horovod.sh
+	command -v promtool >/dev/null && command -v prometheus >/dev/null && \
+		command -v docker-compose >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-		  apt-get install -y -qq --no-install-recommends prometheus; }
+		  apt-get install -y -qq --no-install-recommends prometheus docker-compose; }
 	ruff check .
 	python -m pytest

@@ -1,10 +1,14 @@
-"""Checkpoint checks and helpers: where they go, whether they fit the model, warm start."""
+"""Checkpoint checks and helpers: where they go, whether they fit the model, warm start,
+falling back past a damaged newest checkpoint, and saves that fail with one clear error."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import re
-from collections.abc import Callable, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Sequence
 
 import tensorflow as tf
 
@@ -13,8 +17,146 @@ from launch.config import TrainConfig, WarmStartConfig
 V1 = tf.compat.v1
 
 
+CHECKPOINT_BASENAME = "model.ckpt"  # CheckpointSaverHook's prefix: model.ckpt-<step>
+UNRESTORABLE_DIR = "unrestorable"  # where damaged checkpoints are moved, inside checkpoint_dir
+# Errors of a session whose peer went away: not the disk's fault.
+_SESSION_ERRORS = (
+    tf.errors.AbortedError,
+    tf.errors.UnavailableError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
+
+
 class CheckpointError(ValueError):
     """A checkpoint path or directory that cannot serve this job."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A write into checkpoint_dir failed mid-run (disk full, directory read-only or gone)."""
+
+
+@contextlib.contextmanager
+def write_failures(checkpoint_dir: str) -> Iterator[None]:
+    """Turn a failed write into checkpoint_dir (a checkpoint, the graph, summaries: disk
+    full, directory read-only or gone) into one CheckpointWriteError naming the latest
+    intact checkpoint. A failed save leaves that one the latest: TensorFlow writes the
+    data under a temporary name, renames it when complete, and only then rewrites the
+    `checkpoint` state file (itself by rename)."""
+    try:
+        yield
+    except _SESSION_ERRORS:
+        raise
+    except (tf.errors.OpError, OSError, ValueError) as err:
+        message = err.message if isinstance(err, tf.errors.OpError) else str(err)
+        if not any(p in message for p in {checkpoint_dir, os.path.abspath(checkpoint_dir)}):
+            raise
+        latest = tf.train.latest_checkpoint(checkpoint_dir)
+        raise CheckpointWriteError(
+            f"train.checkpoint_dir: cannot write in {checkpoint_dir} ({_os_reason(message)}); "
+            f"the latest complete checkpoint is {latest or 'none'}. Free space or fix the "
+            "directory, then run again to resume"
+        ) from None
+
+
+def _os_reason(message: str) -> str:
+    """The cause in an I/O error: in a graph execution error the line after "Node: '...'",
+    e.g. "/dir/model.ckpt-9.data-...tempstate123; No space left on device", from its "; "."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    after = [lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("Node:")]
+    cause = after[0] if after else _first_line(message)
+    return cause.rpartition("; ")[2]
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "no reason given"
+
+
+def fall_back_to_restorable(checkpoint_dir: str, write: Callable[[str], None]) -> str | None:
+    """Make the newest checkpoint that restores the latest one; return it (None if none).
+
+    A crash, a full disk or a damaged file can leave the newest checkpoint partial
+    or unreadable, or the `checkpoint` state file naming one that is gone (or no
+    state file beside complete checkpoints). Restoring would then fail, or worse,
+    start again from step 0. Newer checkpoints that do not restore are moved into
+    UNRESTORABLE_DIR, so every checkpoint left in the directory restores, and the
+    state file is rewritten to name the newest good one. Reads every tensor of the
+    newest candidates once, which verifies their checksums.
+    """
+    if not os.path.isdir(checkpoint_dir):
+        return None
+    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    named = state.model_checkpoint_path if state else None
+    candidates = _candidates(checkpoint_dir, state)
+    good = None
+    for prefix in candidates:
+        problem = _restore_problem(prefix)
+        if problem is None:
+            good = prefix
+            break
+        write(f"checkpoint {prefix} cannot be restored: {problem}; falling back to an older one")
+        _move_aside(prefix, checkpoint_dir, write)
+    if good is None:
+        if named is not None:
+            write(f"no checkpoint in {checkpoint_dir} can be restored; starting from scratch")
+        return None
+    if named is None or os.path.abspath(named) != os.path.abspath(good):
+        kept = [p for p in reversed(candidates) if _step(p) <= _step(good) and _has_files(p)]
+        V1.train.update_checkpoint_state(
+            checkpoint_dir,
+            os.path.basename(good),
+            all_model_checkpoint_paths=[os.path.basename(p) for p in kept[-_MAX_LISTED:]],
+        )
+        write(f"resuming from {good}, the newest checkpoint that restores")
+    return good
+
+
+_MAX_LISTED = 100  # the Saver's own max_to_keep trims the list again after its next save
+
+
+def _candidates(checkpoint_dir: str, state) -> list[str]:
+    """Checkpoint prefixes the state file names or the directory holds, newest first."""
+    found = glob.glob(os.path.join(checkpoint_dir, f"{CHECKPOINT_BASENAME}-*.index"))
+    prefixes = [p[: -len(".index")] for p in found]
+    if state is not None:
+        prefixes += [*state.all_model_checkpoint_paths, state.model_checkpoint_path]
+    # The state file may hold absolute paths (a Saver without save_relative_paths).
+    return sorted({os.path.abspath(p) for p in prefixes}, key=_step, reverse=True)
+
+
+def _step(prefix: str) -> int:
+    match = re.search(r"-(\d+)$", prefix)
+    return int(match.group(1)) if match else -1
+
+
+def _has_files(prefix: str) -> bool:
+    return os.path.exists(prefix + ".index")
+
+
+def _restore_problem(prefix: str) -> str | None:
+    """Why the checkpoint at prefix cannot be restored, or None if every tensor reads."""
+    if not _has_files(prefix):
+        return "its files are missing"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    # The reader's C++ errors arrive as OpError, or as a bare IndexError ("Read less
+    # bytes than requested" from a truncated file), ValueError or RuntimeError.
+    except (tf.errors.OpError, ValueError, IndexError, RuntimeError) as err:
+        return _first_line(err.message if isinstance(err, tf.errors.OpError) else str(err))
+    return None
+
+
+def _move_aside(prefix: str, checkpoint_dir: str, write: Callable[[str], None]) -> None:
+    files = glob.glob(glob.escape(prefix) + ".*")
+    if not files:
+        return
+    aside = os.path.join(checkpoint_dir, UNRESTORABLE_DIR)
+    os.makedirs(aside, exist_ok=True)
+    for name in files:
+        shutil.move(name, os.path.join(aside, os.path.basename(name)))
+    write(f"moved {len(files)} file(s) of {os.path.basename(prefix)} to {aside}")
 
 
 def check_writable_dir(path: str, key: str) -> None:

@@ -1,9 +1,12 @@
 """The `towers` command: train, eval, validate, devices, data convert, bench.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
-2 bad input (job file, flags, data, devices, checkpoint directory), one line
-on stderr and nothing written; 138 a peer task of a ps/worker job could not be
-reached in time (retryable: restart the task).
+2 bad input (job file, flags, data, devices, checkpoint directory, ports), one
+line on stderr and nothing written; 3 diverged (a non-finite loss or gradient,
+never applied; the latest checkpoint holds the last good weights); 4 a resource
+failed mid-run (a checkpoint could not be written; the previous one is intact);
+138 a peer task of a ps/worker job could not be reached in time (retryable:
+restart the task).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_RESOURCE = 4
 # Retryable. 138 (128 + SIGUSR1) is the code Kubeflow's TFJob `restartPolicy:
 # ExitCode` reserves for a user-defined retryable error; it treats 1-127 as
 # permanent, so a small code here would never be retried there.
@@ -27,6 +32,7 @@ EPILOG_TRAIN = """examples:
   towers train -c examples/resnet20.yaml
   towers train -c job.yaml --set train.steps=500 --set towers.devices=4
   towers train --set towers.variable_update=replicated --set train.checkpoint_dir=runs/rep
+  horovodrun -np 4 -H localhost:4 towers train -c job.yaml --backend horovod
 
 Progress goes to stderr; the last line on stdout is one JSON object with
 global_step, loss, examples_per_sec and the model's metrics. Re-running with
@@ -79,7 +85,8 @@ examples:
 
 EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
 task's lines with its name, forwards Ctrl-C/SIGTERM to every task, and exits
-non-zero if any task failed. The last line on stdout is the chief's JSON result.
+with the status of the first task that failed, if any. The last line on stdout
+is the chief's JSON result.
 Each task serves Prometheus metrics on a port of its own; the ports are printed
 and listed in a file_sd targets file for Prometheus.
 
@@ -153,7 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    _job_command(commands, "train", "train a job (default: the built-in job)", EPILOG_TRAIN)
+    train = _job_command(commands, "train", "train a job (default: the built-in job)", EPILOG_TRAIN)
+    train.add_argument(
+        "--backend",
+        choices=["horovod"],
+        help="horovod: run as one rank of a horovodrun job "
+        "(the same as --set towers.variable_update=horovod)",
+    )
 
     evaluate = _job_command(
         commands, "eval", "evaluate a checkpoint, or watch for new ones", EPILOG_EVAL
@@ -316,8 +329,14 @@ def _run(args) -> int:
         sys.stdout.write(dump_yaml(_load(args)))
         return EXIT_OK
     _quiet_tensorflow()
+    if getattr(args, "backend", None) == "horovod":
+        args.overrides.append("towers.variable_update=horovod")
     job = _load(args)
-    if args.command == "train":
+    if args.command == "train" and job.towers.variable_update == "horovod":
+        from launch import horovod_backend
+
+        _print_json(horovod_backend.train(job))
+    elif args.command == "train":
         from launch.train import train
 
         _print_json(train(job))
@@ -429,11 +448,21 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from launch.config import ConfigError
     from launch.data import DataError
     from launch.devices import DeviceError
+    from launch.horovod_backend import HorovodError
     from launch.metrics import MetricsError
 
     return (
-        ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError, BenchError
+        ConfigError, DataError, DeviceError, CheckpointError, ClusterError, MetricsError,
+        HorovodError, BenchError,
     )
+
+
+def _fault_errors() -> dict[type[BaseException], int]:
+    """Failures during a run that are not bugs, with their exit status."""
+    from launch.checkpoints import CheckpointWriteError
+    from launch.hooks import Diverged
+
+    return {Diverged: EXIT_DIVERGED, CheckpointWriteError: EXIT_RESOURCE}
 
 
 class _StoppedBeforeStart(Exception):
@@ -473,6 +502,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PeerUnavailable as err:
         print(f"towers: error: {err}", file=sys.stderr)
         return EXIT_PEER_UNAVAILABLE
+    except tuple(_fault_errors()) as err:
+        print(f"towers: error: {err}", file=sys.stderr)
+        return _fault_errors()[type(err)]
 
 
 if __name__ == "__main__":

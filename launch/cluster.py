@@ -205,7 +205,7 @@ def wait_for_peers(peers: Mapping[str, str], timeout: float, write) -> None:
     waiting = dict(peers)
     announced = False
     while waiting:
-        waiting = {name: a for name, a in waiting.items() if not _accepts(a)}
+        waiting = {name: a for name, a in waiting.items() if not accepts(a)}
         if not waiting:
             return
         if time.monotonic() >= deadline:
@@ -217,7 +217,8 @@ def wait_for_peers(peers: Mapping[str, str], timeout: float, write) -> None:
         time.sleep(0.5)
 
 
-def _accepts(address: str) -> bool:
+def accepts(address: str) -> bool:
+    """Whether host:port accepts a TCP connection within a second."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):

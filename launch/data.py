@@ -153,7 +153,8 @@ def _array_dataset(features: np.ndarray, labels: np.ndarray, spec: Spec,
     The arrays stay in Python and a ``numpy_function`` gathers each batch of shuffled
     indices: ``from_tensor_slices`` would embed them in the GraphDef as constants (2 GB
     limit, and copies in every meta graph and TensorBoard graph). Indices cost 8 bytes
-    an example, so training shuffles the whole epoch whatever ``shuffle_buffer`` is.
+    an example, so training shuffles the whole epoch whatever ``shuffle_buffer`` is,
+    unless it is 0 (no shuffling: records in order, as every source gives them then).
     """
     features = np.ascontiguousarray(features, dtype=spec.feature_dtype.as_numpy_dtype)
     labels = np.ascontiguousarray(labels, dtype=spec.label_dtype.as_numpy_dtype)
@@ -166,7 +167,8 @@ def _array_dataset(features: np.ndarray, labels: np.ndarray, spec: Spec,
                                  stateful=False, name="gather_examples")
         return _finish_batch(x, y, spec, index.shape[0])
 
-    return _batched(tf.data.Dataset.range(len(features)), p, len(features), parse)
+    buffer = len(features) if p.shuffle_buffer else 0
+    return _batched(tf.data.Dataset.range(len(features)), p, buffer, parse)
 
 
 def _synthetic_dataset(spec: Spec, p: _Pipeline, num_examples: int) -> tf.data.Dataset:

@@ -1,16 +1,20 @@
-"""Small SessionRunHooks for the training loop: progress, signals, placement trace."""
+"""Small SessionRunHooks for the training loop: progress, signals, placement trace,
+non-finite steps."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from towers.train_op import NONFINITE_GRADIENT, NONFINITE_LOSS
 
 V1 = tf.compat.v1
 
@@ -205,3 +209,75 @@ def _duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Diverged(RuntimeError):
+    """A step's loss or gradient was NaN or infinite; the job stops without saving it."""
+
+
+class SkipNonFiniteHook(V1.train.SessionRunHook):
+    """train.on_nonfinite: skip. Reports each step whose update the graph skipped
+    (towers' nonfinite="skip"), and raises Diverged after more than `limit` in a row.
+
+    Raising from after_run makes MonitoredSession close without running the hooks'
+    end(), so no checkpoint is written on the way out.
+    """
+
+    def __init__(self, applied: tf.Tensor, global_step: tf.Tensor, limit: int,
+                 write: Callable[[str], None]):
+        self._fetches = {"applied": applied, "global_step": global_step}
+        self._limit = limit
+        self._write = write
+        self.in_a_row = 0
+        self.skipped = 0
+
+    def before_run(self, run_context):
+        return V1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context, run_values) -> None:
+        if run_values.results["applied"]:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.skipped += 1
+        step = int(run_values.results["global_step"]) + 1
+        self._write(
+            f"step {step}: non-finite loss or gradient; update skipped "
+            f"({self.in_a_row} in a row, at most {self._limit} allowed)"
+        )
+        if self.in_a_row > self._limit:
+            raise Diverged(
+                f"{self.in_a_row} steps in a row had a non-finite loss or gradient "
+                f"(train.max_nonfinite_steps is {self._limit})"
+            )
+
+
+@contextlib.contextmanager
+def nonfinite_stops(checkpoint_dir: str | None) -> Iterator[None]:
+    """Turn the graph's check_numerics failure (towers' nonfinite="raise") into Diverged,
+    naming the checkpoint a restart would resume from: the last good one, since the
+    failed step applied nothing and the session closes without saving."""
+    try:
+        yield
+    except tf.errors.InvalidArgumentError as err:
+        found = [w for w in (NONFINITE_LOSS, NONFINITE_GRADIENT) if w in err.message]
+        if not found:
+            raise
+        raise Diverged(_diverged_message(found[0], checkpoint_dir)) from None
+    except Diverged as err:
+        raise Diverged(f"training diverged: {err}. {_latest_text(checkpoint_dir)}") from None
+
+
+def _diverged_message(what: str, checkpoint_dir: str | None) -> str:
+    return (
+        f"training diverged: {what} (NaN or infinite); the step was not applied. "
+        f"{_latest_text(checkpoint_dir)}. Lower optimizer.learning_rate, set "
+        "optimizer.clip_norm, or set train.on_nonfinite: skip"
+    )
+
+
+def _latest_text(checkpoint_dir: str | None) -> str:
+    if checkpoint_dir is None:  # not the chief, which may be on another machine
+        return "The chief's latest checkpoint holds the last good weights"
+    latest = tf.train.latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+    return f"The latest checkpoint is {latest}" if latest else "No checkpoint was written"

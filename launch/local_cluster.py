@@ -147,7 +147,8 @@ def run_local_cluster(
     evaluator: bool,
     targets_path: str | None = None,
 ) -> int:
-    """Run the job's tasks to the end; 0 when every task exited 0."""
+    """Run the job's tasks to the end; 0 when every task exited 0, else the status of
+    the first task that failed (1 if it was killed by a signal)."""
     tasks = plan_tasks(config, overrides, num_ps, num_workers, evaluator)
     host = "127.0.0.1" if job.metrics.addr in ("0.0.0.0", "::", "") else job.metrics.addr
     targets_path = targets_path or os.path.join(job.train.checkpoint_dir, "prometheus_targets.json")
@@ -181,7 +182,11 @@ def run_local_cluster(
     print(json.dumps(result, sort_keys=True), flush=True)
     if failed:
         log(f"{failed} failed; stopped the other tasks")
-    return 1 if failed or any(codes.values()) else 0
+    if failed:
+        # Pass on a status an orchestrator can act on (3 diverged, 138 a lost peer, ...);
+        # a task killed by a signal has a negative returncode, which is no exit status.
+        return codes[failed] if codes[failed] > 0 else 1
+    return 1 if any(codes.values()) else 0
 
 
 def _wait(tasks: list[_Task], stopping: list[int]) -> str | None:

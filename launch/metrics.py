@@ -106,9 +106,13 @@ class Identity:
     job: str
     task: int
     run: str
+    rank: int | None = None  # a Horovod rank's, also as a label of its own
 
     def labels(self) -> dict[str, str]:
-        return {"job": self.job, "task": str(self.task), "run": self.run}
+        labels = {"job": self.job, "task": str(self.task), "run": self.run}
+        if self.rank is not None:
+            labels["rank"] = str(self.rank)
+        return labels
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,16 +5,27 @@ How a job ends, so that no process waits forever:
   checkpoint written, its graph cleaned up on the ps), puts its rank on a
   "finished" queue on every ps task;
 - a ps task exits when every worker has reported, or `shutdown_grace_secs`
-  after the first report (a worker that died will never report);
+  after the first report (a worker that died will never report), or with
+  status 138 when no worker has been reachable for `reconnect_timeout_secs`
+  (all of them died before reporting);
 - in synchronous mode the chief, on stopping, also puts a token on a "chief
   done" queue that the other workers check every step, and releases sync
   tokens so a worker blocked waiting for its next token wakes up and sees it.
+
+A worker that loses a ps task keeps going while MonitoredSession re-creates its
+session (the chief restores the last checkpoint onto a restarted ps), but gives
+up with status 138 once a ps task has refused connections for
+`reconnect_timeout_secs`: TensorFlow alone would retry forever.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import signal
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +34,7 @@ import tensorflow as tf
 
 import towers
 from launch import metrics
-from launch.cluster import ClusterError, Task, wait_for_peers
+from launch.cluster import ClusterError, PeerUnavailable, Task, accepts, wait_for_peers
 from launch.config import JobConfig
 from launch.train import Plan, build_training_graph, log, make_plan, train
 
@@ -133,10 +144,16 @@ def _quiet_cancelled_queue_runners() -> None:
 
 
 def _start_server(task: Task, config: V1.ConfigProto, write) -> tf.distribute.Server:
-    server = tf.distribute.Server(
-        task.cluster_spec(), task.job_name, task.task_index, config=config, start=True
-    )
     port = task.address.rpartition(":")[2]
+    try:
+        server = tf.distribute.Server(
+            task.cluster_spec(), task.job_name, task.task_index, config=config, start=True
+        )
+    except tf.errors.UnknownError as err:  # TensorFlow says only "Could not start gRPC server"
+        raise ClusterError(
+            f"cluster.{task.job_name}: cannot serve {task.job_name} {task.task_index} at "
+            f"{task.address}: {_port_problem(int(port)) or err.message}"
+        ) from None
     # TensorFlow's gRPC server listens on 0.0.0.0:<port> whatever host the cluster
     # gives (grpc_server_lib.cc); say so, since we cannot narrow it.
     write(
@@ -145,6 +162,69 @@ def _start_server(task: Task, config: V1.ConfigProto, write) -> tf.distribute.Se
         f"{port} of every interface, so firewall it to the cluster"
     )
     return server
+
+
+def _port_problem(port: int) -> str | None:
+    """Why this process cannot listen on `port` of every interface (as TensorFlow does)."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return f"port {port} is already in use by another process"
+            return f"port {port}: {err.strerror}"
+    return None
+
+
+class PeerWatch:
+    """While in its `with` block, ends the process with status 138 once any of `peers`
+    has refused TCP connections for `timeout_secs` on end; one that answers again in
+    time (a restarted ps) starts its clock afresh.
+
+    A hard exit, from a daemon thread: MonitoredSession's retries run in C++ calls
+    a Python exception cannot interrupt, and nothing can be saved without the ps.
+    """
+
+    def __init__(self, peers: dict[str, str], timeout_secs: float, write: Callable[[str], None]):
+        self._peers = peers
+        self._timeout = timeout_secs
+        self._write = write
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="PeerWatch", daemon=True)
+
+    def __enter__(self) -> PeerWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        lost_since: dict[str, float] = {}
+        while not self._done.wait(1.0):
+            for name, address in self._peers.items():
+                if accepts(address):
+                    if lost_since.pop(name, None) is not None:
+                        self._write(f"{name} at {address} answers again")
+                    continue
+                now = time.monotonic()
+                if name not in lost_since:
+                    lost_since[name] = now
+                    self._write(f"lost {name} at {address}; waiting up to {self._timeout:g} s "
+                                "(cluster.reconnect_timeout_secs) for it to come back")
+                elif now - lost_since[name] >= self._timeout and not self._done.is_set():
+                    self._give_up(name, address)
+
+    def _give_up(self, name: str, address: str) -> None:
+        from launch.cli import EXIT_PEER_UNAVAILABLE
+
+        print(f"towers: error: cluster: {name} at {address} has not answered for "
+              f"{self._timeout:g} s (cluster.reconnect_timeout_secs); giving up. Restart it, "
+              "then this task: training resumes from the last checkpoint",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_PEER_UNAVAILABLE)
 
 
 def _report_finished(task: Task, server: tf.distribute.Server, config: V1.ConfigProto) -> None:
@@ -173,6 +253,12 @@ def _run_worker(job: JobConfig, task: Task, write: Callable[[str], None]) -> dic
     plan = worker_plan(job, task)
     server = _start_server(task, plan.session, write)
     wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
+    ps_tasks = {f"ps {i}": a for i, a in enumerate(task.cluster["ps"])}
+    with PeerWatch(ps_tasks, job.cluster.reconnect_timeout_secs, write):
+        return _train_worker(job, task, plan, server, write)
+
+
+def _train_worker(job: JobConfig, task: Task, plan: Plan, server, write) -> dict:
     sync_holder: list[V1.train.SyncReplicasOptimizer] = []
 
     def wrap(optimizer):
@@ -255,19 +341,66 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     stop = _stop_on_signals()
     grace = job.cluster.shutdown_grace_secs
     poll = V1.RunOptions(timeout_in_ms=500)
+    workers = _WorkersSeen(task, job.cluster)
     with V1.Session(server.target, graph=graph, config=config) as sess:
         while len(reported) < task.num_workers and not stop:
             try:
                 reported.add(int(sess.run(dequeue, options=poll)))
                 first_report = first_report or time.monotonic()
             except tf.errors.DeadlineExceededError:
-                pass
-            if first_report and time.monotonic() - first_report > grace:
+                workers.check()
+            waited = time.monotonic() - first_report if first_report else 0.0
+            if waited > grace:
                 missing = sorted(set(range(task.num_workers)) - reported)
-                write(f"workers {missing} did not report within {grace:g} s; shutting down")
-                break
+                # A worker that still answers may be re-creating its session after a
+                # lost ps (up to 30 s in MonitoredSession); it will report when it sees
+                # the chief is done. Only those that went silent are given up on.
+                if waited > grace + job.cluster.reconnect_timeout_secs or not any(
+                    workers.answers(rank) for rank in missing
+                ):
+                    write(f"workers {missing} did not report within {waited:.0f} s; "
+                          "shutting down")
+                    break
     write("job finished; shutting down" if not stop else "stopping on signal")
     return {"job": "ps", "task": task.task_index, "workers_reported": len(reported)}
+
+
+class _WorkersSeen:
+    """For a ps task: raise PeerUnavailable once no worker has accepted a connection for
+    the reconnect timeout (the startup timeout until one first has), since workers that
+    all died will never report finished."""
+
+    def __init__(self, task: Task, cfg) -> None:
+        self._workers = {  # by worker rank: the chief (if any) first
+            f"{job} {i}": a
+            for job in ("chief", "worker")
+            for i, a in enumerate(task.cluster.get(job, ()))
+        }
+        self._by_rank = list(self._workers.values())
+        self._startup, self._reconnect = cfg.startup_timeout_secs, cfg.reconnect_timeout_secs
+        self._last_seen = time.monotonic()
+        self._seen_any = False
+        self._next_check = 0.0
+
+    def answers(self, rank: int) -> bool:
+        return accepts(self._by_rank[rank])
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + 1.0
+        if any(accepts(a) for a in self._workers.values()):
+            self._last_seen, self._seen_any = now, True
+            return
+        limit = self._reconnect if self._seen_any else self._startup
+        if now - self._last_seen > limit:
+            key = "reconnect" if self._seen_any else "startup"
+            raise PeerUnavailable(
+                f"cluster: no worker has answered for {limit:g} s "
+                f"(cluster.{key}_timeout_secs): {', '.join(self._workers.values())}; "
+                "shutting down this ps"
+            )
 
 
 def _stop_on_signals() -> list[int]:

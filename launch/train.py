@@ -15,7 +15,13 @@ from launch import checkpoints, data, metrics
 from launch.cluster import PeerUnavailable
 from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, tower_devices
-from launch.hooks import PlacementTraceHook, ProgressHook, StopOnSignalHook
+from launch.hooks import (
+    PlacementTraceHook,
+    ProgressHook,
+    SkipNonFiniteHook,
+    StopOnSignalHook,
+    nonfinite_stops,
+)
 from launch.optim import learning_rate, make_optimizer
 from launch.session import session_config
 
@@ -35,7 +41,10 @@ class Plan:
     device function (a ps/worker job's replica_device_setter). host: where the
     input pipeline and other host-side ops run. aggregation: where tower gradients
     are summed (None: on each variable's device). batch_size and shard: this
-    process's part of every global batch and of the data.
+    process's part of every global batch and of the data. reduce_gradients:
+    combines the summed gradients with other processes' (Horovod ranks).
+    step_examples: examples a step stands for in the reported rates (0: batch_size);
+    Horovod ranks step in lockstep, so each reports the whole job's rate.
     """
 
     job: JobConfig
@@ -47,6 +56,19 @@ class Plan:
     aggregation: str | None = None
     batch_size: int = 0
     shard: tuple[int, int] = (0, 1)
+    reduce_gradients: towers.train_op.GradientsFn | None = None
+    step_examples: int = 0
+
+    @property
+    def variable_update(self) -> str:
+        """The towers' mode inside this process: Horovod ranks sum their towers'
+        gradients locally, then all-reduce them across processes."""
+        mode = self.job.towers.variable_update
+        return "parameter_server" if mode == "horovod" else mode
+
+    @property
+    def examples_per_step(self) -> int:
+        return self.step_examples or self.batch_size
 
 
 def make_plan(job: JobConfig) -> Plan:
@@ -128,11 +150,13 @@ def build_training_graph(
         labels,
         optimizer,
         plan.devices,
-        variable_update=job.towers.variable_update,
+        variable_update=plan.variable_update,
         param_device=plan.param_device,
         clip_norm=job.optimizer.clip_norm,
         global_step=global_step,
         aggregation_device=plan.aggregation,
+        cross_process=plan.reduce_gradients,
+        nonfinite="raise" if job.train.on_nonfinite == "stop" else "skip",
     )
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
@@ -197,6 +221,7 @@ def train(
     extra_hooks: HooksFactory | None = None,
     max_wait_secs: float = 7200.0,
     stop_grace_secs: float = 120.0,
+    writes: bool = True,
 ) -> dict:
     """Train to job.train.steps (resuming from checkpoint_dir); return the final record.
 
@@ -204,14 +229,18 @@ def train(
     as master, whether it is chief, and the cluster's optimizer wrapper and hooks;
     only the chief checks, restores and writes checkpoints and summaries, and the
     others wait at most max_wait_secs for it to initialise the variables.
+    writes: False for a process that initialises its own variables but leaves
+    checkpoints and summaries to another (Horovod ranks other than 0).
     """
     plan = plan or make_plan(job)
-    preflight(plan, is_chief)
+    writes = writes and is_chief
+    preflight(plan, writes)
     cfg = job.train
     graph = tf.Graph()
     with graph.as_default():
         ops, scaffold, rate = build_training_graph(plan, wrap_optimizer)
-        if is_chief:
+        if writes:
+            checkpoints.fall_back_to_restorable(cfg.checkpoint_dir, write)
             checkpoints.check_compatible(cfg.checkpoint_dir)
         cluster_hooks = extra_hooks(ops) if extra_hooks else []
         where = "the ps tasks" if callable(plan.param_device) else plan.param_device
@@ -221,14 +250,16 @@ def train(
         )
         if not is_chief:
             _wait_for_chief(master, plan.session, max_wait_secs)
-        served = metrics.training_hooks(ops, rate, len(plan.devices), plan.batch_size, job.session)
+        served = metrics.training_hooks(
+            ops, rate, len(plan.devices), plan.examples_per_step, job.session
+        )
         progress = ProgressHook(
             {"loss": ops.loss, **ops.metrics},
             ops.global_step,
-            plan.batch_size,
+            plan.examples_per_step,
             cfg.steps,
             cfg.log_every_steps,
-            cfg.checkpoint_dir if is_chief else None,
+            cfg.checkpoint_dir if writes else None,
             write,
             on_step=served.on_step,  # hands its fetched values to the metrics
         )
@@ -240,16 +271,22 @@ def train(
             stopper,
             *cluster_hooks,
         ]
+        if cfg.on_nonfinite == "skip":
+            hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
+                                           cfg.max_nonfinite_steps, write))
         chief_hooks = [
             checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
             PlacementTraceHook(cfg.checkpoint_dir),
-        ]
-        with V1.train.MonitoredTrainingSession(
+        ] if writes else []
+        # A diverged step raises; the session then closes without saving (no hook's end()).
+        diverged = nonfinite_stops(cfg.checkpoint_dir if writes else None)
+        unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4
+        with unwritable, diverged, V1.train.MonitoredTrainingSession(
             master=master,
             is_chief=is_chief,
             max_wait_secs=max_wait_secs,
             stop_grace_period_secs=stop_grace_secs,
-            checkpoint_dir=cfg.checkpoint_dir,
+            checkpoint_dir=cfg.checkpoint_dir if writes else None,
             scaffold=scaffold,
             hooks=hooks,
             chief_only_hooks=chief_hooks,
@@ -265,7 +302,7 @@ def train(
     V1.summary.FileWriterCache.clear()
     latest = tf.train.latest_checkpoint(cfg.checkpoint_dir)
     result = progress.record.as_dict()
-    if is_chief and latest:
+    if writes and latest:
         # The chief's final checkpoint holds the job's true global step: the step
         # the chief last fetched trails it when other workers updated after that
         # (asynchronous ps/worker), and is absent when nothing was left to run.

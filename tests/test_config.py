@@ -72,6 +72,8 @@ train:
   seed: 0
   sync: false
   backup_workers: 0
+  on_nonfinite: stop
+  max_nonfinite_steps: 10
 eval:
   steps: 20
   batch_size: 256
@@ -97,6 +99,7 @@ cluster:
   startup_timeout_secs: 120.0
   operation_timeout_secs: 300.0
   shutdown_grace_secs: 30.0
+  reconnect_timeout_secs: 120.0
 """
 
 # Every key set to something other than its default.
@@ -288,6 +291,11 @@ def test_checkpoint_secs_alone_turns_off_the_steps_default():
     assert (train.checkpoint_every_steps, train.checkpoint_every_secs) == (None, 60.0)
 
 
+def test_skipping_nonfinite_steps_is_refused_in_sync_mode():
+    error = raises_config_error(None, ["train.on_nonfinite=skip", "train.sync=true"])
+    assert "train.on_nonfinite" in str(error) and "train.sync" in str(error)
+
+
 @pytest.mark.parametrize("override", ["train.steps", "=5", ".steps=1", "train..steps=1", " =1"])
 def test_malformed_override(override):
     error = raises_config_error(None, [override])
@@ -374,7 +382,8 @@ BAD = [
     ("towers: {devices: ['/gpu:0', '/gpu:0']}", "towers.devices", "repeated: /gpu:0"),
     ("towers: {devices: []}", "towers.devices", "must not be an empty list"),
     ("towers: {devices: 1.5}", "towers.devices", "expected 'auto', a positive device count"),
-    ("towers: {variable_update: mirrored}", "towers.variable_update", "accepted: parameter_"),
+    ("towers: {variable_update: mirrored}", "towers.variable_update",
+     "accepted: horovod, parameter_server, replicated"),
     ("towers: {param_device: gpu1}", "towers.param_device", "did you mean 'gpu'"),
     ("towers: {devices: 4}\ntrain: {batch_size: 2}", "train.batch_size", "at least one example"),
     ("session: {per_process_gpu_memory_fraction: 1.5}",
