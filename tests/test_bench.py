@@ -184,3 +184,21 @@ def test_horovod_rate_is_rank_0s_last_result(prefix):
              (0, '{"examples_per_sec": 7.0}'), (1, '{"examples_per_sec": 6.0}')]
     stdout = "\n".join(prefix.format(rank=rank) + text for rank, text in lines)
     assert cluster_rate("horovod", stdout, "") == 7.0
+
+
+def test_the_horovod_row_runs_real_ranks_when_horovod_is_installed(tmp_path):
+    from test_horovod import needs_horovod
+
+    if needs_horovod.args[0]:
+        pytest.skip(needs_horovod.kwargs["reason"])
+    result = subprocess.run(
+        towers_command("bench", *TINY, *SHORT, "--towers", "2", "--modes", "horovod",
+                       "--runs", "1", "--out", str(tmp_path)),
+        env=environment(), capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {(r["mode"], r["devices"]): r
+            for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
+    horovod = rows[("horovod", 2)]
+    assert horovod["skipped"] is None and horovod["examples_per_sec_median"] > 0
+    assert horovod["gradient_bytes_per_step"] == 2 * TRAINABLE_BYTES
