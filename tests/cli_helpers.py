@@ -2,8 +2,12 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+
+from launch.local_cluster import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,3 +58,80 @@ def last_json(stdout: str) -> dict:
 def ok(result: subprocess.CompletedProcess) -> dict:
     assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-3000:]}"
     return last_json(result.stdout)
+
+
+class Process:
+    """A towers command with its output in files, stopped by pid when the test ends."""
+
+    def __init__(self, tmp_path, name, *args):
+        self.err_path = tmp_path / f"{name}.err"
+        self._out = open(tmp_path / f"{name}.out", "w")
+        self._err = open(self.err_path, "w")
+        self.proc = subprocess.Popen(towers_command(*args), env=environment(), stdout=self._out,
+                                     stderr=self._err, stdin=subprocess.DEVNULL)
+
+    @property
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    @property
+    def stdout(self) -> str:
+        return (self.err_path.parent / self.err_path.name.replace(".err", ".out")).read_text()
+
+    def wait_for(self, pattern, timeout=120):
+        """The first match of `pattern` in the process's stderr, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.search(pattern, self.stderr)
+            if found:
+                return found
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}\n{self.stderr[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {pattern!r}\n{self.stderr[-3000:]}")
+
+    def wait(self, timeout=120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+class Cluster:
+    """`ps` ps tasks and `workers` workers (0 is chief) on loopback ports, each a Process.
+
+    args: the job's settings; the checkpoint directory and the hosts are added.
+    """
+
+    def __init__(self, tmp_path, args, workers=1, ps=1):
+        self.tmp_path = tmp_path
+        ports = [f"127.0.0.1:{p}" for p in free_ports(ps + workers)]
+        self.ps, self.workers = ports[:ps], ports[ps:]
+        self.ckpt = tmp_path / "ckpt"
+        self.args = [*args, "--set", f"train.checkpoint_dir={self.ckpt}",
+                     "--ps-hosts", ",".join(self.ps), "--worker-hosts", ",".join(self.workers)]
+        self.tasks: dict[str, Process] = {}
+        self.killed: set[str] = set()
+
+    def start(self, name, role, index) -> Process:
+        self.tasks[name] = Process(self.tmp_path, name, role, *self.args,
+                                   "--task-index", str(index))
+        return self.tasks[name]
+
+    def kill(self, name):
+        self.tasks[name].proc.kill()
+        self.tasks[name].proc.wait()
+        self.killed.add(name)
+
+    def finish(self, timeout=180):
+        """Every task not killed ends with status 0."""
+        for name, task in self.tasks.items():
+            if name not in self.killed:
+                assert task.wait(timeout=timeout) == 0, (name, task.stderr[-3000:])
+
+    def stop(self):
+        for task in self.tasks.values():
+            task.stop()

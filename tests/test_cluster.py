@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import environment, last_json, ok, run_towers, towers_command
+from cli_helpers import Cluster, environment, last_json, ok, run_towers, towers_command
 
 from launch.cluster import ClusterError, Flags, resolve
 from launch.config import from_dict
@@ -239,50 +239,26 @@ def _is_zombie_free(pid: int) -> bool:
 
 # --- a task killed with SIGKILL and started again ------------------------------------------
 
-class Cluster:
-    """ps, chief and one worker started by hand, output to files, all stopped by pid."""
+def restarted_job(tmp_path) -> Cluster:
+    """1 ps, the chief and worker 1 of a long job, all started; a test kills and restarts."""
+    cluster = Cluster(tmp_path, [*MLP, "--set", "train.steps=6000",
+                                 "--set", "train.log_every_steps=100",
+                                 "--set", "train.checkpoint_every_steps=200"], workers=2)
+    try:
+        for name, role, index in (("ps", "ps", 0), ("chief", "worker", 0),
+                                  ("worker1", "worker", 1)):
+            cluster.start(name, role, index)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
 
-    def __init__(self, tmp_path, steps):
-        self.dir = tmp_path
-        ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))
-        self.ckpt = tmp_path / "ckpt"
-        self.common = [*MLP, "--set", f"train.checkpoint_dir={self.ckpt}",
-                       "--set", f"train.steps={steps}", "--set", "train.log_every_steps=100",
-                       "--set", "train.checkpoint_every_steps=200",
-                       "--ps-hosts", ps, "--worker-hosts", f"{w0},{w1}"]
-        self.processes = {}
-        self.files = []
 
-    def start(self, name, role, index):
-        out = open(self.dir / f"{name}.out", "w")
-        err = open(self.dir / f"{name}.err", "w")
-        self.files += [out, err]
-        self.processes[name] = subprocess.Popen(
-            towers_command(role, *self.common, "--task-index", str(index)),
-            env=environment(), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-
-    def log(self, name):
-        return (self.dir / f"{name}.err").read_text()
-
-    def wait_for(self, condition, what, timeout=120):
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.2)
-
-    def kill(self, name):
-        self.processes[name].kill()
-        self.processes[name].wait()
-
-    def finish(self, timeout=180):
-        for name, proc in self.processes.items():
-            proc.wait(timeout=timeout)
-            assert proc.returncode == 0, (name, self.log(name)[-3000:])
-
-    def stop(self):
-        stop_all(list(self.processes.values()))
-        for f in self.files:
-            f.close()
+def wait_until(condition, what, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 def checkpoint_step(ckpt_dir) -> int:
@@ -291,38 +267,30 @@ def checkpoint_step(ckpt_dir) -> int:
 
 
 def test_killed_worker_started_again_and_the_job_completes(tmp_path):
-    cluster = Cluster(tmp_path, steps=6000)
+    cluster = restarted_job(tmp_path)
     try:
-        cluster.start("ps", "ps", 0)
-        cluster.start("chief", "worker", 0)
-        cluster.start("worker1", "worker", 1)
-        cluster.wait_for(lambda: TRAINING.search(cluster.log("worker1")), "worker 1 to train")
+        worker1 = cluster.tasks["worker1"]
+        wait_until(lambda: TRAINING.search(worker1.stderr), "worker 1 to train")
         cluster.kill("worker1")
-        cluster.start("worker1-again", "worker", 1)
-        cluster.processes.pop("worker1")
+        again = cluster.start("worker1-again", "worker", 1)
         cluster.finish()
     finally:
         cluster.stop()
     assert checkpoint_step(cluster.ckpt) >= 6000
-    assert "step" in cluster.log("worker1-again")
+    assert "step" in again.stderr
 
 
 def test_killed_chief_started_again_resumes_from_its_last_checkpoint(tmp_path):
-    cluster = Cluster(tmp_path, steps=6000)
+    cluster = restarted_job(tmp_path)
     try:
-        cluster.start("ps", "ps", 0)
-        cluster.start("chief", "worker", 0)
-        cluster.start("worker1", "worker", 1)
-        cluster.wait_for(lambda: checkpoint_step(cluster.ckpt) >= 400, "a checkpoint past 400")
+        wait_until(lambda: checkpoint_step(cluster.ckpt) >= 400, "a checkpoint past 400")
         cluster.kill("chief")
         saved = checkpoint_step(cluster.ckpt)
-        cluster.start("chief-again", "worker", 0)
-        cluster.processes.pop("chief")
+        again = cluster.start("chief-again", "worker", 0)
         cluster.finish()
     finally:
         cluster.stop()
-    resumed = [int(s) for s in re.findall(r"saved checkpoint at step (\d+)",
-                                          cluster.log("chief-again"))]
+    resumed = [int(s) for s in re.findall(r"saved checkpoint at step (\d+)", again.stderr)]
     assert resumed and resumed[0] >= saved, (saved, resumed)
     assert checkpoint_step(cluster.ckpt) >= 6000
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import environment, last_json, ok, run_towers, towers_command
+from cli_helpers import Cluster, Process, last_json, ok, run_towers
 
 from launch.local_cluster import free_ports
 
@@ -138,46 +138,6 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores
 
 # --- preemption ---------------------------------------------------------------------------
 
-class Process:
-    """A towers command with its output in files, stopped by pid when the test ends."""
-
-    def __init__(self, tmp_path, name, *args):
-        self.err_path = tmp_path / f"{name}.err"
-        self._out = open(tmp_path / f"{name}.out", "w")
-        self._err = open(self.err_path, "w")
-        self.proc = subprocess.Popen(towers_command(*args), env=environment(), stdout=self._out,
-                                     stderr=self._err, stdin=subprocess.DEVNULL)
-
-    @property
-    def stderr(self) -> str:
-        return self.err_path.read_text()
-
-    @property
-    def stdout(self) -> str:
-        return (self.err_path.parent / self.err_path.name.replace(".err", ".out")).read_text()
-
-    def wait_for(self, pattern, timeout=120):
-        """The first match of `pattern` in the process's stderr, waiting for it."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = re.search(pattern, self.stderr)
-            if found:
-                return found
-            assert self.proc.poll() is None, f"exited {self.proc.returncode}\n{self.stderr[-3000:]}"
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {pattern!r}\n{self.stderr[-3000:]}")
-
-    def wait(self, timeout=120) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._out.close()
-        self._err.close()
-
-
 def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_path):
     ckpt = tmp_path / "ckpt"
     trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, 200))
@@ -290,38 +250,12 @@ CLUSTER = ["--set", "model.name=mlp", "--set", "model.hidden_units=[16]",
            "--set", "cluster.operation_timeout_secs=20"]
 
 
-class Cluster:
-    """`ps` ps tasks and `workers` workers (0 is chief) on loopback ports, each a Process."""
-
-    def __init__(self, tmp_path, steps, *extra, workers=1, ps=1):
-        self.tmp_path = tmp_path
-        ports = [f"127.0.0.1:{p}" for p in free_ports(ps + workers)]
-        self.ps, self.workers = ports[:ps], ports[ps:]
-        self.ckpt = tmp_path / "ckpt"
-        self.args = [*CLUSTER, "--set", f"train.checkpoint_dir={self.ckpt}",
-                     "--set", f"train.steps={steps}", *extra,
-                     "--ps-hosts", ",".join(self.ps), "--worker-hosts", ",".join(self.workers)]
-        self.tasks: dict[str, Process] = {}
-
-    def start(self, name, role, index):
-        self.tasks[name] = Process(self.tmp_path, name, role, *self.args,
-                                   "--task-index", str(index))
-        return self.tasks[name]
-
-    def kill(self, name):
-        self.tasks[name].proc.kill()
-        self.tasks[name].proc.wait()
-
-    def stop(self):
-        for task in self.tasks.values():
-            task.stop()
-
-
 def test_a_ps_killed_and_restarted_the_chief_restores_and_the_job_completes(tmp_path):
     # One worker, the chief: a second one would rejoin too, but only after
     # MonitoredSession's 30 s recovery poll, too long for this suite.
-    cluster = Cluster(tmp_path, 800, "--set", "train.checkpoint_every_steps=100",
-                      "--set", "cluster.reconnect_timeout_secs=60")
+    cluster = Cluster(tmp_path, [*CLUSTER, "--set", "train.steps=800",
+                                 "--set", "train.checkpoint_every_steps=100",
+                                 "--set", "cluster.reconnect_timeout_secs=60"])
     try:
         cluster.start("ps", "ps", 0)
         chief = cluster.start("chief", "worker", 0)
@@ -337,9 +271,7 @@ def test_a_ps_killed_and_restarted_the_chief_restores_and_the_job_completes(tmp_
             assert chief.proc.poll() is None, chief.stderr[-3000:]
             time.sleep(0.2)
         recovered = time.monotonic() - killed
-        for name, task in cluster.tasks.items():
-            if name != "ps":
-                assert task.wait(timeout=180) == 0, (name, task.stderr[-3000:])
+        cluster.finish()
     finally:
         cluster.stop()
     after = saved_steps(chief.stderr)[count:]
@@ -353,8 +285,8 @@ def test_a_ps_killed_and_restarted_the_chief_restores_and_the_job_completes(tmp_
 def test_a_ps_that_stays_down_ends_its_workers_and_then_the_other_ps_with_138(tmp_path):
     # Two ps tasks: losing ps 1 for good ends the worker after the deadline, and ps 0,
     # left with no worker that will ever report, ends after the same deadline.
-    cluster = Cluster(tmp_path, 10**6, "--set", "cluster.reconnect_timeout_secs=5", workers=1,
-                      ps=2)
+    cluster = Cluster(tmp_path, [*CLUSTER, "--set", f"train.steps={10**6}",
+                                 "--set", "cluster.reconnect_timeout_secs=5"], workers=1, ps=2)
     try:
         ps0 = cluster.start("ps0", "ps", 0)
         cluster.start("ps1", "ps", 1)

@@ -37,20 +37,24 @@ MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
        "--set", "data.shuffle_buffer=0", "--set", "train.log_every_steps=1"]
 
 
-def horovodrun(np_: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run `towers` under horovodrun; the whole process group goes if it overstays."""
+def start_horovodrun(np_: int, *args: str, output=subprocess.PIPE) -> subprocess.Popen:
+    """`towers` under horovodrun in a process group of its own, so all of it can be killed."""
     command = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
                sys.executable, "-m", "launch", *args]
-    proc = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    return subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=output, stderr=output,
+                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def horovodrun(np_: int, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run `towers` under horovodrun; the whole process group goes if it overstays."""
+    proc = start_horovodrun(np_, *args)
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def rank_results(stdout: str) -> dict[int, dict]:
@@ -107,13 +111,9 @@ def test_every_rank_serves_metrics_on_its_own_port_with_a_rank_label(tmp_path):
     from launch.local_cluster import free_ports
 
     port = free_ports(1)[0]
-    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-               "launch", "train", *MLP, "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
-               "--set", "train.steps=100000", "--set", f"metrics.port={port}",
-               "--backend", "horovod"]
-    proc = subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = start_horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
+                            "--set", "train.steps=100000", "--set", f"metrics.port={port}",
+                            "--backend", "horovod", output=subprocess.DEVNULL)
     try:
         for rank in (0, 1):
             text = scrape_when_training(f"http://127.0.0.1:{port + rank}/metrics", deadline=120)
