@@ -75,15 +75,18 @@ class JobEndHook(V1.train.SessionRunHook):
         self._signal_stop = tf.group(stop.enqueue_many(tf.zeros([everyone], tf.int32)), *release)
         ranks = tf.fill([everyone], tf.constant(task.worker_rank, tf.int32))
         self.signal_diverged = tf.group(diverged.enqueue_many(ranks), *release)
-        # Left over from an earlier run on a ps that outlived it: not for this one.
         self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged)]
         self.graph = tf.compat.v1.get_default_graph()
         self.peer_diverged: int | None = None
         self._in_step = False
 
-    def after_create_session(self, session, coord) -> None:
-        if self._task.is_chief:
-            session.run(self._drain)
+    def clear(self, master: str, config: V1.ConfigProto) -> None:
+        """The chief, before it initialises or restores the variables: empty the queues
+        of what an earlier run left on a ps that outlived it. Before, not after: the
+        other workers start training as soon as the variables are ready, and a worker
+        that diverges at once must find its rank still on the queue."""
+        with V1.Session(master, graph=self.graph, config=config) as sess:
+            sess.run(self._drain)
 
     def before_run(self, run_context):
         self._in_step = True

@@ -69,17 +69,20 @@ def worker_plan(job: JobConfig, task: Task) -> Plan:
         aggregation=host,
         batch_size=batch,
         shard=(task.worker_rank, task.num_workers),
-        session=_worker_session(base.session, task, job.cluster.operation_timeout_secs),
+        session=_worker_session(base.session, task, job.cluster),
     )
 
 
-def _worker_session(base: V1.ConfigProto, task: Task, timeout_secs: float) -> V1.ConfigProto:
+def _worker_session(base: V1.ConfigProto, task: Task, cfg) -> V1.ConfigProto:
     """Device filters, so workers never wait on each other; a bound on every operation,
-    so a dead peer becomes an error instead of a hang."""
+    so a dead peer becomes an error instead of a hang. Training steps carry their own,
+    tighter bound (StepDeadline); this one covers the rest, the sync chief's queue
+    runner among them, whose first run waits as long as the first step."""
     config = V1.ConfigProto()
     config.CopyFrom(base)
     config.device_filters.extend(["/job:ps", task.device])
-    config.operation_timeout_in_ms = int(timeout_secs * 1000)
+    longest = max(cfg.operation_timeout_secs, cfg.startup_timeout_secs)
+    config.operation_timeout_in_ms = int(longest * 1000)
     return config
 
 
@@ -101,11 +104,10 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
                 role.diverged()
                 raise
             except tf.errors.DeadlineExceededError:
-                stuck = _stuck_step(task, job.cluster.operation_timeout_secs)
-                raise PeerUnavailable(stuck) from None
+                raise PeerUnavailable(_stuck_step(task, role.deadline)) from None
 
 
-def _stuck_step(task: Task, timeout_secs: float) -> str:
+def _stuck_step(task: Task, deadline: StepDeadline) -> str:
     """What to say when a step waited `timeout_secs` for its peers: those not answering."""
     others = {
         f"{job} {i}": a
@@ -115,10 +117,37 @@ def _stuck_step(task: Task, timeout_secs: float) -> str:
     }
     silent = [f"{name} at {a}" for name, a in others.items() if not accepts(a)]
     who = f"not answering: {', '.join(silent)}" if silent else "every peer answers"
+    secs, key = deadline.current
     return (
-        f"cluster: a step waited {timeout_secs:g} s (cluster.operation_timeout_secs) for its "
-        f"peers; {who}. Restart the job's tasks: training resumes from the last checkpoint"
+        f"cluster: a step waited {secs:g} s (cluster.{key}) for its peers; {who}. "
+        "Restart the job's tasks: training resumes from the last checkpoint"
     )
+
+
+class StepDeadline(V1.train.SessionRunHook):
+    """Bounds every training step, so a peer that stopped answering ends the step with
+    DeadlineExceededError instead of a hang. A session's first step may wait up to
+    cluster.startup_timeout_secs: in a synchronous job it waits for every worker to
+    start, which can take longer than any later step should. Later steps wait up to
+    cluster.operation_timeout_secs.
+    """
+
+    def __init__(self, cfg):
+        self._first = (cfg.startup_timeout_secs, "startup_timeout_secs")
+        self._later = (cfg.operation_timeout_secs, "operation_timeout_secs")
+        self.current = self._first
+        self._started = False
+
+    def after_create_session(self, session, coord) -> None:
+        self._started = False  # MonitoredSession re-creates it after a lost ps
+
+    def before_run(self, run_context):
+        self.current = self._later if self._started else self._first
+        options = V1.RunOptions(timeout_in_ms=int(self.current[0] * 1000))
+        return V1.train.SessionRunArgs(None, options=options)
+
+    def after_run(self, run_context, run_values) -> None:
+        self._started = True
 
 
 class WorkerRole(Role):
@@ -142,6 +171,7 @@ class WorkerRole(Role):
         self._write = write
         self._sync: V1.train.SyncReplicasOptimizer | None = None
         self._end: JobEndHook | None = None
+        self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
         if not self._job.train.sync:
@@ -164,13 +194,20 @@ class WorkerRole(Role):
             release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
         self._end = JobEndHook(self._task, release, self._write)
         if self._sync is None:
-            return [self._end]
+            return [self._end, self.deadline]
         _quiet_cancelled_queue_runners()
         # No tokens at the start (TensorFlow's default gives replicas_to_aggregate):
         # a chief up before the others would otherwise fill the first update with its
         # own gradients alone; without backups every update then holds exactly one
         # gradient from each worker, so a run is repeatable.
-        return [self._end, self._sync.make_session_run_hook(self._task.is_chief, num_tokens=0)]
+        sync = self._sync.make_session_run_hook(self._task.is_chief, num_tokens=0)
+        return [self._end, sync, self.deadline]
+
+    def before_session(self, config: V1.ConfigProto) -> None:
+        if self.is_chief:
+            self._end.clear(self.master, config)
+        else:
+            _wait_for_chief(self.master, config, self.max_wait_secs)
 
     def unblock_op(self) -> tf.Operation | None:
         """One token, for this worker's own blocked step (see StopOnSignalHook)."""
@@ -186,6 +223,25 @@ class WorkerRole(Role):
         if self._end is not None and self._end.peer_diverged is None:
             tell_diverged(self._end, self.master, self._session)
         report_finished(self._task, self.master, self._session, self._write)
+
+
+def _wait_for_chief(master: str, config: V1.ConfigProto, timeout: float) -> None:
+    """Poll every half second until the chief has initialised the variables.
+
+    MonitoredTrainingSession's own wait re-checks only every 30 s, which would idle
+    every non-chief worker for that long at each start.
+    """
+    # Global variables only: local ones (the loss scale, this worker's own step) are
+    # each worker's own to initialise.
+    uninitialized = V1.report_uninitialized_variables(V1.global_variables())
+    deadline = time.monotonic() + timeout
+    with V1.Session(master, config=config) as sess:
+        while len(sess.run(uninitialized)):
+            if time.monotonic() > deadline:
+                raise PeerUnavailable(
+                    f"cluster: the chief did not initialise the variables within {timeout:g} s"
+                )
+            time.sleep(0.5)
 
 
 class _SyncReplicas(V1.train.SyncReplicasOptimizer):

@@ -38,6 +38,10 @@ class Role:
         """Extra hooks for this role's session, given the built training ops."""
         return []
 
+    def before_session(self, config: V1.ConfigProto) -> None:
+        """Runs once the graph is built, before the training session starts (a ps/worker
+        chief clears the job's queues; the others wait for its variables)."""
+
     def unblock_op(self) -> tf.Operation | None:
         """An op that lets this process's step return when it waits for peers that have
         stopped (a synchronous worker's token), run only once a stop was requested and

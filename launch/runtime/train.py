@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,7 +10,6 @@ import tensorflow as tf
 import towers
 from launch import data, metrics
 from launch.config import JobConfig
-from launch.errors import PeerUnavailable
 from launch.log import log
 from launch.runtime import checkpoints
 from launch.runtime.hooks import (
@@ -106,25 +104,6 @@ def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> N
             V1.summary.histogram(var.op.name, var)
 
 
-def _wait_for_chief(master: str, config: V1.ConfigProto, timeout: float) -> None:
-    """Poll every half second until the chief has initialised the variables.
-
-    MonitoredTrainingSession's own wait re-checks only every 30 s, which would idle
-    every non-chief worker for that long at each start.
-    """
-    # Global variables only: local ones (the loss scale, this worker's own step) are
-    # each worker's own to initialise.
-    uninitialized = V1.report_uninitialized_variables(V1.global_variables())
-    deadline = time.monotonic() + timeout
-    with V1.Session(master, config=config) as sess:
-        while len(sess.run(uninitialized)):
-            if time.monotonic() > deadline:
-                raise PeerUnavailable(
-                    f"cluster: the chief did not initialise the variables within {timeout:g} s"
-                )
-            time.sleep(0.5)
-
-
 @dataclass
 class _Loop:
     """The hooks of one training session, and the two whose state becomes the result."""
@@ -168,8 +147,7 @@ def train(
         write(_startup_line(plan))
         if input_line(plan):
             write(input_line(plan))
-        if not role.is_chief:
-            _wait_for_chief(role.master, plan.session, role.max_wait_secs)
+        role.before_session(plan.session)
         with data.input_errors(data_where(job)):
             _run_session(plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
