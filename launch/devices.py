@@ -1,9 +1,11 @@
-"""Which devices this process can train on, which of them a job's towers use, and the
-session options (GPU memory policy, placement, threads) as a ConfigProto."""
+"""Which devices this process can train on, which of them a job's towers use, the
+session options (GPU memory policy, placement, threads) as a ConfigProto, and which
+16-bit number types this host's CPU runs in hardware."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -14,6 +16,9 @@ from launch.errors import BadInput
 # On a host without GPUs, `devices: auto` still builds two towers on two CPU
 # devices, so the default job exercises the same code path as a GPU node.
 CPU_TOWERS_WITHOUT_GPU = 2
+
+# CPU flags that mean the number type runs in hardware (oneDNN uses them).
+NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 
 
 class DeviceError(BadInput):
@@ -174,3 +179,23 @@ def session_config(cfg: SessionConfig, num_cpu_devices: int = 1) -> tf.compat.v1
         inter_op_parallelism_threads=cfg.inter_op_threads,
         intra_op_parallelism_threads=cfg.intra_op_threads,
     )
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's flags, from /proc/cpuinfo (none where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_flags(number_type: str, flags: Collection[str] | None = None) -> list[str]:
+    """The flags among `flags` (default: this CPU's) that run the 16-bit `number_type`
+    (a key of NATIVE_FLAGS) in hardware; none means TensorFlow emulates it on this CPU,
+    converting to float32 and back."""
+    have = cpu_flags() if flags is None else flags
+    return [flag for flag in NATIVE_FLAGS[number_type] if flag in have]
