@@ -1,19 +1,30 @@
-"""Which devices this process can train on, which of them a job's towers use, and the
-session options (GPU memory policy, placement, threads) as a ConfigProto."""
+"""Which devices this process can train on, which of them a job's towers use, the
+session options (GPU memory policy, placement, threads) as a ConfigProto, and which
+16-bit number types this host's CPU runs in hardware."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from launch.config import SessionConfig, TowersConfig
 from launch.errors import BadInput
+from towers import Precision
 
 # On a host without GPUs, `devices: auto` still builds two towers on two CPU
 # devices, so the default job exercises the same code path as a GPU node.
 CPU_TOWERS_WITHOUT_GPU = 2
+
+# CPU flags that mean the number type runs in hardware (oneDNN uses them).
+NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+# How much slower than float32 a step computing in an emulated type ran on this
+# project's machines: bfloat16 at 0.07-0.13x on convnet and ResNet-20, float16 at 0.26x
+# on convnet (BENCHMARKS.md); the default job in bfloat16 at about 40 examples/sec
+# against float32's 1,256 (issue 21).
+EMULATED_SLOWDOWN = {"bfloat16": "roughly 10-30x", "float16": "roughly 4x"}
 
 
 class DeviceError(BadInput):
@@ -113,6 +124,11 @@ def tower_devices(towers: TowersConfig, num_gpus: int) -> list[str]:
     return devices
 
 
+def _device_type(device: str) -> str:
+    """'CPU' for '/cpu:1' or '/job:worker/task:0/device:CPU:0', 'GPU' for '/gpu:0'."""
+    return (tf.DeviceSpec.from_string(device).device_type or "").upper()
+
+
 def param_device(towers: TowersConfig, num_gpus: int) -> str:
     """Resolve `towers.param_device`: cpu, gpu, least_loaded, or an explicit device."""
     choice = towers.param_device
@@ -130,7 +146,7 @@ def num_cpu_devices(devices: list[str], param: str) -> int:
     indices = [
         tf.DeviceSpec.from_string(d).device_index or 0
         for d in [*devices, param]
-        if d != "least_loaded" and (tf.DeviceSpec.from_string(d).device_type or "").upper() == "CPU"
+        if d != "least_loaded" and _device_type(d) == "CPU"
     ]
     return max(indices, default=0) + 1
 
@@ -173,4 +189,44 @@ def session_config(cfg: SessionConfig, num_cpu_devices: int = 1) -> tf.compat.v1
         log_device_placement=cfg.log_device_placement,
         inter_op_parallelism_threads=cfg.inter_op_threads,
         intra_op_parallelism_threads=cfg.intra_op_threads,
+    )
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's flags, from /proc/cpuinfo (none where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_flags(number_type: str, flags: Collection[str] | None = None) -> list[str]:
+    """The flags among `flags` (default: this CPU's) that run the 16-bit `number_type`
+    (a key of NATIVE_FLAGS) in hardware; none means TensorFlow emulates it on this CPU,
+    converting to float32 and back."""
+    have = cpu_flags() if flags is None else flags
+    return [flag for flag in NATIVE_FLAGS[number_type] if flag in have]
+
+
+def emulation_note(precision: str, devices: Sequence[str],
+                   flags: Collection[str] | None = None) -> str | None:
+    """One line for the start-up output when towers on CPU devices compute, in
+    `precision` (towers.precision), in a 16-bit type this CPU (`flags`, default: this
+    CPU's) emulates; None otherwise: float32, no tower on a CPU device, or a CPU with
+    the instructions.
+    """
+    number_type = Precision(precision).compute_dtype.name
+    on_cpu = any(_device_type(d) == "CPU" for d in devices)
+    if number_type not in NATIVE_FLAGS or not on_cpu or native_flags(number_type, flags):
+        return None
+    return (
+        f"{precision} on CPU towers: this CPU has no {' or '.join(NATIVE_FLAGS[number_type])}, "
+        f"so TensorFlow emulates {number_type} and steps run "
+        f"{EMULATED_SLOWDOWN[number_type]} slower than float32; `towers bench --quick "
+        f"--towers 1 --precision float32,{precision}` (with this job's -c) compares the two "
+        f"on this machine"
     )

@@ -9,7 +9,7 @@
                same load; it runs in the bench's own process, which only waits while
                the rows' processes step
   number_type_notes  whether this CPU does bfloat16 / float16 arithmetic in hardware
-               (its flags), or TensorFlow emulates it
+               (its flags, launch.devices.native_flags), or TensorFlow emulates it
 
 Achieved FLOP/s (examples/sec x FLOPs per example) over the peak of the row's number
 type is how far a row is from what this machine can do.
@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Collection
 
 PEAK_SIZE = 2048  # n of the n x n matmul: 2 n^3 = 17 GFLOP, large enough to run at peak
 PEAK_MATMULS = 2  # per timed block
-# CPU flags that mean the number type runs in hardware (oneDNN uses them).
-NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 
 
 def step_flops(graph, train_op) -> int:
@@ -127,26 +125,19 @@ class Peak:
         self._run.close()
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def number_type_notes(number_types: list[str],
-                      flags: Callable[[], set[str]] = cpu_flags) -> dict[str, str]:
-    """{number type: 'native (avx512_bf16)' or 'emulated: ...'} for the 16-bit types used."""
-    have = flags()
+                      flags: Collection[str] | None = None) -> dict[str, str]:
+    """{number type: 'native (avx512_bf16)' or 'emulated: ...'} for the 16-bit types used,
+    on a CPU with `flags` (default: this one's)."""
+    # Here, not at the top: every `towers` command imports the bench to build its
+    # parser, and launch.devices imports TensorFlow.
+    from launch.devices import NATIVE_FLAGS, native_flags
+
     notes = {}
     for number_type in number_types:
         if number_type not in NATIVE_FLAGS:
             continue
-        found = [f for f in NATIVE_FLAGS[number_type] if f in have]
+        found = native_flags(number_type, flags)
         notes[number_type] = (
             f"native ({', '.join(found)})" if found else
             f"emulated: this CPU has none of {', '.join(NATIVE_FLAGS[number_type])}, so "

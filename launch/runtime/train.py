@@ -10,6 +10,7 @@ import tensorflow as tf
 import towers
 from launch import data, metrics
 from launch.config import JobConfig
+from launch.devices import emulation_note
 from launch.log import log
 from launch.runtime import checkpoints
 from launch.runtime.hooks import (
@@ -145,6 +146,9 @@ def train(
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
         write(_startup_line(plan))
+        emulated = emulation_note(job.towers.precision, plan.devices)
+        if emulated:
+            write(emulated)
         if input_line(plan):
             write(input_line(plan))
         role.before_session(plan.session)

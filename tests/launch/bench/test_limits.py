@@ -28,10 +28,13 @@ def test_step_flops_counts_the_matmuls_of_forward_and_backward(graph, precision)
 
 
 def test_number_type_notes_read_the_cpu_flags():
-    assert number_type_notes(["float32", "bfloat16"], lambda: {"avx2", "avx512_bf16"}) == {
+    assert number_type_notes(["float32", "bfloat16"], {"avx2", "avx512_bf16"}) == {
         "bfloat16": "native (avx512_bf16)"}
-    notes = number_type_notes(["bfloat16", "float16"], lambda: {"avx2"})
-    assert notes["bfloat16"].startswith("emulated") and notes["float16"].startswith("emulated")
+    notes = number_type_notes(["bfloat16", "float16"], {"avx2"})
+    assert notes["bfloat16"].startswith("emulated: this CPU has none of avx512_bf16, amx_bf16")
+    assert notes["float16"] == ("emulated: this CPU has none of avx512_fp16, amx_fp16, so "
+                                "TensorFlow converts to float32 and back; its rows' ratios "
+                                "carry no speed goal")
 
 
 def test_variants_are_every_combination_base_first():

@@ -2,7 +2,7 @@
 
 Checkpoints are float32 in every precision and restore across them; a float16 job
 whose loss scale overflows skips those steps, says so, counts them in its result and
-metrics, and neither stops nor fails.
+metrics, and neither stops nor fails. A 16-bit type this CPU emulates is said at start-up.
 """
 
 import numpy as np
@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from prometheus_client import generate_latest
 
-from launch import metrics
+from launch import devices, metrics
 from launch.config import from_dict
 from launch.runtime.export import export
 from launch.runtime.train import train
@@ -118,3 +118,14 @@ def test_the_start_up_line_and_result_name_precision_and_micro_batches(tmp_path)
                           "learning rate 0.2 (0.1 x 32 / 16)"), start
     assert (result["precision"], result["accumulate_steps"]) == ("mixed_bfloat16", 4)
     assert "loss_scale" not in result
+
+
+def test_an_emulated_16_bit_type_is_noted_right_after_the_start_up_line(tmp_path, monkeypatch):
+    # A CPU without avx512_bf16 or AMX, whatever this machine's is.
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"avx2", "fma"})
+    lines = []
+    run(tmp_path, 1, lines, towers={"precision": "mixed_bfloat16"})
+    start = next(i for i, line in enumerate(lines) if line.startswith("model mlp on 2 tower(s)"))
+    assert lines[start + 1].startswith("mixed_bfloat16 on CPU towers: this CPU has no "
+                                       "avx512_bf16 or amx_bf16"), lines
+    assert sum("emulates bfloat16" in line for line in lines) == 1
