@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -154,28 +155,32 @@ def train(
     plan = plan or make_plan(job)
     role = role or Role()
     preflight(plan, role.writes)
-    # Caught from when the session starts (until then the command's own handling
-    # applies: nothing is built that a stop could save).
-    stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)
-    skipped = data.SkippedRecords(data_where(job), write, _skip_counter(exporter))
-    graph = tf.Graph()
-    with graph.as_default():
-        ops, scaffold, rate = build_training_graph(plan, role.wrap_optimizer, skipped)
-        if role.writes:
-            checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
-            checkpoints.check_compatible(job.train.checkpoint_dir)
-        loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
-        write(_startup_line(plan))
-        if input_line(plan):
-            write(input_line(plan))
-        if not role.is_chief:
-            _wait_for_chief(role.master, plan.session, role.max_wait_secs)
-        with data.input_errors(data_where(job)):
-            _run_session(plan, role, ops, scaffold, loop, stop)
-    result = _result(job, role, loop, stop)
-    if job.data.on_bad_record == "skip":
-        result["skipped_records"] = skipped.count
-    return result
+    # The writer holds checkpoint_dir from before its first write into it until training
+    # ends; a directory another process holds is bad input, found before anything is built.
+    held = checkpoints.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
+    with held:
+        # Caught from when the session starts (until then the command's own handling
+        # applies: nothing is built that a stop could save).
+        stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)
+        skipped = data.SkippedRecords(data_where(job), write, _skip_counter(exporter))
+        graph = tf.Graph()
+        with graph.as_default():
+            ops, scaffold, rate = build_training_graph(plan, role.wrap_optimizer, skipped)
+            if role.writes:
+                checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
+                checkpoints.check_compatible(job.train.checkpoint_dir)
+            loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
+            write(_startup_line(plan))
+            if input_line(plan):
+                write(input_line(plan))
+            if not role.is_chief:
+                _wait_for_chief(role.master, plan.session, role.max_wait_secs)
+            with data.input_errors(data_where(job)):
+                _run_session(plan, role, ops, scaffold, loop, stop)
+        result = _result(job, role, loop, stop)
+        if job.data.on_bad_record == "skip":
+            result["skipped_records"] = skipped.count
+        return result
 
 
 def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | None:
