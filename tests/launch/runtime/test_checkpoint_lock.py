@@ -86,9 +86,11 @@ def test_a_held_directory_stops_a_trainer_but_not_its_readers(tmp_path):
         assert refused.returncode == 2 and refused.stdout == ""
         assert refused.stderr.count("\n") == 1 and f"pid {os.getpid()}" in refused.stderr
         assert files(ckpt) == sorted([*before, LOCK_FILE])
-        # eval, export and the evaluator's checks read the directory beside the lock file.
+        # eval, export and the evaluator read the directory beside the lock file, and
+        # the trainer's own look for a checkpoint that restores passes over it.
         assert ok(run_in_process("eval", *job))["global_step"] == 2
         ok(run_in_process("export", *job, "--out", str(tmp_path / "served")))
-        latest = checkpoints.fall_back_to_restorable(str(ckpt), print)
-        assert latest == str(ckpt / "model.ckpt-2")
+        latest = str(ckpt / "model.ckpt-2")
+        assert checkpoints.newest_restorable(str(ckpt), "train.checkpoint_dir", print) == latest
+        assert checkpoints.fall_back_to_restorable(str(ckpt), print) == latest
         assert files(ckpt) == sorted([*before, LOCK_FILE, "eval"])
