@@ -16,8 +16,8 @@ the job file; see the README, "Train your own model").
 Progress goes to stderr; the last line on stdout is one JSON object with
 global_step, loss, examples_per_sec, the model's metrics, precision and
 accumulate_steps (and, in mixed_float16, loss_scale and overflow_steps). Re-running with
-the same checkpoint_dir resumes from its latest checkpoint. SIGTERM or Ctrl-C
-saves a checkpoint and exits 0.
+the same checkpoint_dir resumes from its latest checkpoint; one trainer at a time
+(another finds it in use and exits 2). SIGTERM or Ctrl-C saves a checkpoint and exits 0.
 """
 
 EPILOG_EVAL = """examples:

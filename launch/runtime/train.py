@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -134,6 +135,16 @@ def train(
     plan = plan or make_plan(job)
     role = role or Role()
     preflight(plan, role.writes)
+    # The writer holds checkpoint_dir from before its first write into it until training
+    # ends; a directory another process holds is bad input, found before anything is built.
+    held = checkpoints.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
+    with held:
+        return _train(plan, role, exporter, write)
+
+
+def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
+           write: Callable[[str], None]) -> dict:
+    job = plan.job
     # Caught from when the session starts (until then the command's own handling
     # applies: nothing is built that a stop could save).
     stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)

@@ -142,6 +142,47 @@ def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_pat
     print(f"stopped {took:.1f} s after SIGTERM at step {summary['global_step']}")
 
 
+# --- two writers ---------------------------------------------------------------------------
+
+def test_a_second_trainer_on_a_directory_in_use_exits_2_naming_the_first_and_writes_nothing(
+        tmp_path):
+    ckpt = tmp_path / "ckpt"
+    # Saves only at step 0 (and at the end), so the first alone changes no file name.
+    first = Process(tmp_path, "first", "train", *job(ckpt, 10**7, 10**9))
+    try:
+        first.wait_for(r"saved checkpoint at step 0")
+        first.wait_for(r"step \d+/")  # the first step's trace is written
+        before = sorted(os.listdir(ckpt))
+        second = run_towers("train", *job(ckpt, 10**7, 10**9))
+        after = sorted(os.listdir(ckpt))
+        assert first.proc.poll() is None, first.stderr[-3000:]
+    finally:
+        first.stop()
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert_one_clear_line(second, f"{ckpt} is in use by towers pid {first.proc.pid} on host "
+                                  f"{socket.gethostname()} (since ")
+    assert second.stdout == ""
+    assert after == before
+    assert len([name for name in after if name.startswith("events.out.tfevents.")]) == 1
+
+
+def test_a_trainer_killed_with_sigkill_does_not_hold_the_directory_for_its_restart(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = Process(tmp_path, "first", "train", *job(ckpt, 10**7, 20))
+    try:
+        first.wait_for(r"saved checkpoint at step [1-9]\d*")
+        os.kill(first.proc.pid, signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        first.stop()
+    saved = assert_nothing_lost(ckpt, saved_steps(first.stderr)[-1])  # it may have saved more
+    assert (ckpt / ".towers.lock").exists()  # left behind, naming the dead process
+    resumed = run_towers("train", *job(ckpt, saved + 10, 20))
+    assert ok(resumed)["global_step"] == saved + 10
+    assert saved_steps(resumed.stderr)[0] == saved
+    assert not (ckpt / ".towers.lock").exists()
+
+
 # --- resources ----------------------------------------------------------------------------
 
 def test_a_port_in_use_is_one_line_naming_it(tmp_path):
