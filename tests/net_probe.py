@@ -1,18 +1,20 @@
 """What a host that is not in a ps/worker job can do to it: run on an outsider test host.
 
-    python net_probe.py PS_ADDRESS NAME=HOST:PORT ...
+    python net_probe.py GO_FILE PS_ADDRESS NAME=HOST:PORT ...
 
-Waits (at most a minute) until the ps task's gRPC port accepts connections, then
-prints one JSON object: for each NAME, whether HOST:PORT "accepts", is "refused" or
-"unreachable"; and what the ps gave a session the outsider opened on it, with no
-credentials, to read the job's global step ("global_step": the value, or null with
-"errors": what TensorFlow said while the variable was not yet initialised).
+Imports TensorFlow, then waits (at most two minutes) for GO_FILE, which the test
+writes once every target has said it serves, then prints one JSON object: for each
+NAME, whether HOST:PORT "accepts", is "refused" or "unreachable"; and what the ps
+gave a session the outsider opened on it, with no credentials, to read the job's
+global step ("global_step": the value, or null with "errors": what TensorFlow said
+while the variable was not yet initialised).
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import socket
 import sys
 import time
@@ -52,9 +54,9 @@ def read_global_step(ps: str, deadline: float) -> tuple[int | None, list[str]]:
 def main(argv: list[str]) -> int:
     import tensorflow  # noqa: F401  (first, so the probe is ready when the job starts)
 
-    ps, targets = argv[0], dict(t.split("=", 1) for t in argv[1:])
-    deadline = time.monotonic() + 60
-    while reach(ps) != "accepts" and time.monotonic() < deadline:
+    go, ps, targets = argv[0], argv[1], dict(t.split("=", 1) for t in argv[2:])
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
         time.sleep(0.2)
     found = {name: reach(address) for name, address in targets.items()}
     step, errors = read_global_step(ps, deadline)
