@@ -225,18 +225,25 @@ def stop_all(processes):
 
 
 @pytest.mark.e2e
-def test_tfjob_tf_config_cluster_with_workers_started_before_the_ps(tmp_path):
+def test_a_tfjob_cluster_starts_in_any_order_and_a_first_step_outwaits_the_operation_timeout(
+        tmp_path):
+    # Synchronous: the chief's first step waits for the worker's first gradient. The
+    # worker starts long after that step began, later than the operation timeout
+    # allows any step after the first, sooner than the startup timeout.
     ps, chief, worker = (f"127.0.0.1:{p}" for p in free_ports(3))
     cluster = {"chief": [chief], "ps": [ps], "worker": [worker]}
-    args = [*MLP, "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}", "--set", "train.steps=30"]
+    timeout = 3
+    args = [*MLP, "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}", "--set", "train.steps=30",
+            "--set", "train.sync=true", "--set", f"cluster.operation_timeout_secs={timeout}"]
     tasks = []
     try:
-        for task_type in ("chief", "worker"):
-            tasks.append(Process(tmp_path, task_type, "worker", *args,
-                                 env=tf_config(cluster, task_type, 0)))
-        for task in tasks:  # both workers are up, waiting for a ps that is not there yet
-            task.wait_for("waiting for ps 0")
+        tasks.append(Process(tmp_path, "chief", "worker", *args, env=tf_config(cluster, "chief")))
+        tasks[0].wait_for("waiting for ps 0")  # up before its ps
         tasks.append(Process(tmp_path, "ps", "ps", *args, env=tf_config(cluster, "ps", 0)))
+        tasks[0].wait_for("model mlp on")  # its session, then its first step, comes next
+        time.sleep(timeout + 3)  # makes the late start; no outcome waits on it
+        tasks.append(Process(tmp_path, "worker", "worker", *args,
+                             env=tf_config(cluster, "worker", 0)))
         for task in tasks:
             assert task.wait(timeout=180) == 0, task.stderr[-3000:]
     finally:
