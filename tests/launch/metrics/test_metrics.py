@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics
 from launch.config import MetricsConfig, SessionConfig
+from launch.metrics import exporter as exporter_module
 from launch.metrics.training import _UNSCRAPED_DURATIONS
 from launch.runtime.hooks import ProgressHook
 
@@ -120,7 +121,9 @@ def test_the_server_stops_at_the_end_of_the_block():
         urllib.request.urlopen(url, timeout=2)
 
 
-def test_a_regularly_scraped_exporter_waits_for_a_final_scrape():
+def test_a_regularly_scraped_exporter_waits_for_a_final_scrape(monkeypatch):
+    longest = 120.0  # a wait far longer than the scrape below needs, however busy the machine
+    monkeypatch.setattr(exporter_module, "FINAL_SCRAPE_WAIT_SECS", (longest, longest))
     e = metrics.start(MetricsConfig(port=0), metrics.Identity("train", 0, "r"), write)
     gauge = e.gauge("towers_test_value", "a test gauge")
     get(e.url)
@@ -133,7 +136,8 @@ def test_a_regularly_scraped_exporter_waits_for_a_final_scrape():
     e.close()
     scraper.join()
     assert value(seen[0], "towers_test_value") == 42
-    assert time.monotonic() - started < metrics.FINAL_SCRAPE_WAIT_SECS[1]
+    # The promise: close() returns once the final scrape is sent, not at its bound.
+    assert time.monotonic() - started < longest
 
 
 def self_signed_certificate(directory) -> tuple[str, str]:

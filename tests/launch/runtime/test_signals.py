@@ -22,25 +22,20 @@ def sigterm_in(seconds: float) -> threading.Timer:
 
 def test_other_threads_hear_a_signal_while_the_main_thread_waits_in_tensorflow(graph):
     queue = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]])
-    heard_at = []
-    started = time.monotonic()
     with StopSignals(notify_threads=True) as stop, V1.Session() as sess:
-        listener = threading.Thread(
-            target=lambda: stop.arrived.wait(10) and heard_at.append(time.monotonic()))
+        free = queue.enqueue(7)
+        # The listener frees the main thread's step once it has heard the signal:
+        # the step returns its value only if the signal was heard while it waited.
+        listener = threading.Thread(target=lambda: stop.arrived.wait(120) and sess.run(free))
         listener.start()
         timer = sigterm_in(0.3)
         try:
-            # Blocks in C++ for 3 s: Python's own handler cannot run until it returns.
-            sess.run(queue.dequeue(), options=V1.RunOptions(timeout_in_ms=3000))
-        except tf.errors.DeadlineExceededError:
-            pass
+            # Blocks in C++: Python's own handler cannot run until it returns.
+            got = sess.run(queue.dequeue(), options=V1.RunOptions(timeout_in_ms=120_000))
         finally:
             timer.cancel()
-        returned_at = time.monotonic()
-        listener.join(timeout=10)
-    assert stop.received == "SIGTERM"
-    assert heard_at and heard_at[0] - started < 2.0 < returned_at - started, (
-        heard_at, returned_at - started)
+            listener.join(timeout=120)
+    assert stop.received == "SIGTERM" and got == 7
 
 
 def test_a_stop_frees_a_step_blocked_on_peers_with_the_roles_unblock_op(graph):
@@ -62,7 +57,8 @@ def test_a_stop_frees_a_step_blocked_on_peers_with_the_roles_unblock_op(graph):
             timer.cancel()
     took = time.monotonic() - started
     assert stop.received == "SIGTERM" and steps == 1
-    assert StopOnSignalHook.BLOCKED_SECS < took < StopOnSignalHook.BLOCKED_SECS + 4, took
+    # The promise: a step is freed only once it has been blocked for BLOCKED_SECS.
+    assert took > StopOnSignalHook.BLOCKED_SECS, took
 
 
 def test_without_a_stop_a_blocked_step_is_left_alone(graph):
