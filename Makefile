@@ -1,6 +1,13 @@
-# `make test` is the test command of the README and of CI (.ci/run).
+# `make test` is the test command of the README and of CI (.ci/run): it installs
+# what the tests need, then runs every test. `make test-fast` runs the fast tier
+# only (no process started, no whole job trained): what to run after every change.
+#
+# Tests run in parallel, a file per worker process (pytest-xdist; files that share
+# a module fixture or a set of test hosts stay on one worker), and the 20 slowest
+# are listed at the end, so what costs time stays visible.
+PYTEST_PARALLEL = -n auto --dist loadfile
 
-.PHONY: test horovod
+.PHONY: test test-fast horovod
 
 # horovod 0.28.1 must be built against this TensorFlow; the script caches the
 # wheel (~/.cache/towers/wheels), so only the first build takes minutes.
@@ -21,4 +28,8 @@ test:
 		  apt-get install -y -qq --no-install-recommends prometheus docker-compose \
 		  iproute2; }
 	ruff check .
-	python -m pytest
+	python -m pytest $(PYTEST_PARALLEL) --durations=20
+
+test-fast:
+	ruff check .
+	python -m pytest -m "not e2e" $(PYTEST_PARALLEL) --durations=10

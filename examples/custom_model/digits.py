@@ -11,16 +11,22 @@ import os
 import sys
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 EVAL_EXAMPLES = 300
 
 
 def main(out: str) -> None:
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
-    order = np.random.default_rng(0).permutation(len(digits.target))
-    features = (digits.images[order] / 16.0).astype(np.float32)[..., None]
-    labels = digits.target[order].astype(np.int64)
+    write(digits.images, digits.target, out)
+
+
+def write(images: np.ndarray, target: np.ndarray, out: str) -> None:
+    """images [1797, 8, 8] of 0..16, target [1797]: the fixed split, as npz files."""
+    order = np.random.default_rng(0).permutation(len(target))
+    features = (images[order] / 16.0).astype(np.float32)[..., None]
+    labels = target[order].astype(np.int64)
     os.makedirs(out, exist_ok=True)
     np.savez(os.path.join(out, "train.npz"), features=features[EVAL_EXAMPLES:],
              labels=labels[EVAL_EXAMPLES:])

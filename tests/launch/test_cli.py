@@ -30,22 +30,30 @@ def latest_step(checkpoint_dir) -> int:
     return int(tf.train.load_variable(latest, "global_step"))
 
 
-def test_default_job_trains_and_reports_json(tmp_path):
-    result = ok(run_towers("train", *FAST, "--set", "train.steps=20", cwd=tmp_path))
-    assert result["global_step"] == 20
+def test_default_job_trains_reports_json_writes_events_and_a_second_run_continues(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ckpt = tmp_path / "runs" / "default"
+    summaries = ["--set", "train.summary_every_steps=5"]
+    result = ok(run_towers("train", *FAST, *summaries, "--set", "train.steps=10", cwd=tmp_path))
+    assert result["global_step"] == 10
     assert np.isfinite(result["loss"]) and result["examples_per_sec"] > 0
     assert 0.0 <= result["accuracy"] <= 1.0
-    assert latest_step(tmp_path / "runs" / "default") == 20
+    assert latest_step(ckpt) == 10
 
-
-def test_second_run_continues_from_the_saved_step(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--set", f"train.checkpoint_dir={ckpt}"]
-    ok(run_towers("train", *args, "--set", "train.steps=10"))
-    second = run_towers("train", *args, "--set", "train.steps=25")
+    second = run_towers("train", *FAST, *summaries, "--set", "train.steps=25", cwd=tmp_path)
     assert ok(second)["global_step"] == 25
     assert "step 20/25" in second.stderr and "step 10/25" not in second.stderr
     assert latest_step(ckpt) == 25
+
+    events = EventAccumulator(str(ckpt))
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    assert {"loss", "learning_rate", "accuracy", "examples_per_sec"} <= set(scalars)
+    losses = events.Scalars("loss")
+    assert len(losses) >= 2 and all(np.isfinite(e.value) for e in losses)
+    # The first step is traced, so TensorBoard's graph can show device placement.
+    assert "first_step" in events.Tags()["run_metadata"]
 
 
 def test_sigterm_saves_a_checkpoint_that_resumes_and_evaluates(tmp_path):
@@ -97,22 +105,6 @@ def test_eval_watch_scores_checkpoints_as_they_appear(tmp_path):
     assert watcher.returncode == 0, err[-2000:]
     assert last_json(out)["global_step"] == 30
     assert "eval step 10:" in err and "eval step 20:" in err and "eval step 30:" in err, err
-
-
-def test_tensorboard_events_hold_the_loss_scalar(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ckpt = tmp_path / "ckpt"
-    ok(run_towers("train", *FAST, "--set", f"train.checkpoint_dir={ckpt}",
-                  "--set", "train.steps=12", "--set", "train.summary_every_steps=5"))
-    events = EventAccumulator(str(ckpt))
-    events.Reload()
-    scalars = events.Tags()["scalars"]
-    assert {"loss", "learning_rate", "accuracy", "examples_per_sec"} <= set(scalars)
-    losses = events.Scalars("loss")
-    assert len(losses) >= 2 and all(np.isfinite(e.value) for e in losses)
-    # The first step is traced, so TensorBoard's graph can show device placement.
-    assert "first_step" in events.Tags()["run_metadata"]
 
 
 def write_npz(path, n=64, dim=8, seed=0):
