@@ -23,7 +23,7 @@ NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp1
 # How much slower than float32 a step computing in an emulated type ran on this
 # project's machines: bfloat16 at 0.07-0.13x on convnet and ResNet-20, float16 at 0.26x
 # on convnet (BENCHMARKS.md); the default job in bfloat16 at about 40 examples/sec
-# against float32's 1,256 (issue 21).
+# against float32's 1,256 on a 2-core EPYC without avx512_bf16.
 EMULATED_SLOWDOWN = {"bfloat16": "roughly 10-30x", "float16": "roughly 4x"}
 
 
