@@ -415,7 +415,8 @@ def training(tmp_path_factory) -> TrainingRun:
             assert time.monotonic() < deadline, "no training progress within 60 s"
             time.sleep(0.1)
         trainer.send_signal(signal.SIGTERM)
-        out, _ = trainer.communicate(timeout=60)
+        trainer.wait(timeout=120)  # stderr is the Lines thread's to read, not communicate()'s
+        out = trainer.stdout.read()
         run.stderr = stderr.text()
         assert trainer.returncode == 0, run.stderr[-3000:]
         run.result = last_json(out)
@@ -497,7 +498,8 @@ def test_eval_publishes_its_results(training):
         stderr = Lines(evaluator.stderr)
         url = stderr.wait_for("metrics on http://", timeout=60).split("metrics on ")[1].strip()
         scraper = Scraper(url)
-        out, _ = evaluator.communicate(timeout=60)
+        evaluator.wait(timeout=120)  # stderr is the Lines thread's to read
+        out = evaluator.stdout.read()
         assert evaluator.returncode == 0, stderr.text()[-3000:]
     finally:
         if scraper is not None:
