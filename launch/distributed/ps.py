@@ -15,7 +15,7 @@ from launch.distributed.server import start_server
 from launch.distributed.worker import identity, worker_plan
 from launch.errors import PeerUnavailable
 from launch.log import log
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, ignore_from_now
 from launch.runtime.train import build_training_graph
 
 V1 = tf.compat.v1
@@ -81,6 +81,9 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
             missing = sorted(set(range(task.num_workers)) - reported)
             if missing and ending.should_end(missing, first_report, stop.received):
                 break
+    # Done serving: local-cluster forwards a stop once the workers are gone, which can
+    # arrive while this task is already shutting down.
+    ignore_from_now()
     write("job finished; shutting down" if not stop else "stopped on signal")
     record = {"job": "ps", "task": task.task_index, "workers_reported": len(reported)}
     return {**record, "stopped_by": "signal"} if stop else record

@@ -22,6 +22,14 @@ from collections.abc import Callable
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def ignore_from_now() -> None:
+    """For a process whose work is done and which is only ending: a stop request has
+    nothing left to stop, and the default action would kill it mid-shutdown with
+    -SIGTERM, which a launcher or an orchestrator reports as a failure."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class StopSignals:
     """Records the first SIGTERM/SIGINT that arrives inside the with block.
 

@@ -73,3 +73,18 @@ def test_without_a_stop_a_blocked_step_is_left_alone(graph):
         except tf.errors.DeadlineExceededError:
             blocked = True
     assert blocked
+
+
+def test_a_process_done_with_its_work_outlives_a_late_stop_request():
+    # A ps that has served its last worker is only shutting down when local-cluster's
+    # forwarded SIGTERM arrives; the default action would report it killed (-SIGTERM).
+    from launch.runtime.signals import STOP_SIGNALS, ignore_from_now
+
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        ignore_from_now()
+        os.kill(os.getpid(), signal.SIGTERM)  # with the default action, pytest would die
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
