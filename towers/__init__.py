@@ -12,7 +12,7 @@ from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
-from towers.split import shard_sizes, split_batch
+from towers.split import batch_shortfall, shard_sizes, split_batch
 from towers.train_op import EvalOps, TrainOps, build_eval_ops, build_train_op
 from towers.variable_update import (
     REPLICA_COPIES,
@@ -50,6 +50,7 @@ __all__ = [
     "VariableUpdate",
     "all_reduce_method",
     "as_tower_outputs",
+    "batch_shortfall",
     "build_eval_ops",
     "build_train_op",
     "least_loaded",

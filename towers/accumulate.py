@@ -33,7 +33,7 @@ from towers.context import Features, ModelFn
 from towers.creation import MadeVariables
 from towers.loss_scale import LossScaler
 from towers.precision import Precision
-from towers.split import Shard, split_batch
+from towers.split import Shard, split_micro_batches
 
 if TYPE_CHECKING:
     from towers.variable_update import VariableUpdate
@@ -73,18 +73,8 @@ def build_step(
     those across `devices`; build every tower and its weighted gradients."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"accumulate_steps must be a positive integer, got {micro_batches!r}")
-    batch = labels.shape[0] if labels.shape.rank else None
-    if micro_batches > 1 and batch is not None and batch < micro_batches * len(devices):
-        raise ValueError(
-            f"global batch of {batch} examples cannot be split into {micro_batches} "
-            f"micro-batches over {len(devices)} towers: every tower needs at least one "
-            f"example of each micro-batch")
     with tf.name_scope("split_batch"):
-        if micro_batches == 1:
-            splits = [split_batch(features, labels, len(devices))]
-        else:
-            splits = [split_batch(m.features, m.labels, len(devices))
-                      for m in split_batch(features, labels, micro_batches)]
+        splits = split_micro_batches(features, labels, len(devices), micro_batches)
     weights = _example_weights(splits, home)
     built: list[Tower] = []
     sums: list[list] = []

@@ -1,4 +1,5 @@
-"""Split a global batch into one shard per tower, even or uneven."""
+"""Split a global batch into one shard per tower, even or uneven, and the rule every
+split obeys: each tower gets at least one example."""
 
 from __future__ import annotations
 
@@ -28,6 +29,35 @@ def shard_sizes(batch_size: int, num_shards: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(num_shards)]
 
 
+def batch_shortfall(batch_size: int, num_towers: int, micro_batches: int = 1,
+                    processes: int = 1) -> str | None:
+    """Why a global batch of `batch_size` examples leaves a tower without one, or None.
+
+    Each of `processes` processes takes its shard of the global batch (shard_sizes),
+    cuts it into `micro_batches` micro-batches and splits each across its `num_towers`
+    towers. The smallest piece, floor(floor(floor(B / P) / k) / T), equals
+    floor(B / (P * k * T)): every tower of every micro-batch in every process gets an
+    example exactly when B >= P * T * k. The one wording of this rule, wherever a batch
+    size is checked.
+    """
+    if batch_size >= processes * num_towers * micro_batches:
+        return None
+    return _cannot_give(f"a global batch of {batch_size} examples", num_towers, micro_batches,
+                        processes)
+
+
+def _cannot_give(batch: str, num_towers: int, micro_batches: int = 1,
+                 processes: int = 1) -> str:
+    towers = f"each of {num_towers} towers" if num_towers > 1 else "the one tower"
+    if processes > 1:
+        towers += f" in each of {processes} processes"
+    example = "at least one example"
+    if micro_batches > 1:
+        example += f" of each of {micro_batches} micro-batches"
+    needed = processes * num_towers * micro_batches
+    return f"{batch} cannot give {towers} {example}; it needs at least {needed}"
+
+
 def split_batch(features: Features, labels: tf.Tensor, num_shards: int) -> list[Shard]:
     """Split every tensor along axis 0 into num_shards shards of near-equal size.
 
@@ -37,18 +67,35 @@ def split_batch(features: Features, labels: tf.Tensor, num_shards: int) -> list[
     """
     if num_shards < 1:
         raise ValueError(f"need at least one device, got {num_shards}")
+    return _split(features, labels, num_shards, num_towers=num_shards)
+
+
+def split_micro_batches(features: Features, labels: tf.Tensor, num_towers: int,
+                        micro_batches: int) -> list[list[Shard]]:
+    """The global batch as `micro_batches` consecutive micro-batches (sizes differing by
+    at most one), each split across `num_towers` towers as split_batch splits a batch:
+    splits[m][i] is tower i's shard of micro-batch m. The whole batch is checked once,
+    against every tower of every micro-batch."""
+    if micro_batches == 1:
+        return [split_batch(features, labels, num_towers)]
+    micro = _split(features, labels, micro_batches, num_towers, micro_batches)
+    return [split_batch(m.features, m.labels, num_towers) for m in micro]
+
+
+def _split(features: Features, labels: tf.Tensor, num_shards: int, num_towers: int,
+           micro_batches: int = 1) -> list[Shard]:
+    """num_shards shards, once the batch is known to give each of `num_towers` towers an
+    example of each of `micro_batches` micro-batches (batch_shortfall)."""
     tensors = tf.nest.flatten(features) + [labels]
     batch_size = _static_batch_size(tensors)
     if batch_size is not None:
-        if batch_size < num_shards:
-            raise ValueError(
-                f"global batch of {batch_size} examples cannot be split across {num_shards} "
-                f"towers: every tower needs at least one example"
-            )
+        shortfall = batch_shortfall(batch_size, num_towers, micro_batches)
+        if shortfall:
+            raise ValueError(shortfall)
         sizes = shard_sizes(batch_size, num_shards)
         counts = [tf.constant(n, tf.int32) for n in sizes]
     else:
-        sizes = _dynamic_shard_sizes(tf.shape(labels)[0], num_shards)
+        sizes = _dynamic_shard_sizes(tf.shape(labels)[0], num_shards, num_towers, micro_batches)
         counts = tf.unstack(sizes, num=num_shards)
     pieces = [tf.split(t, sizes, axis=0, num=num_shards) for t in tensors]
     shards = []
@@ -71,12 +118,14 @@ def _static_batch_size(tensors: list[tf.Tensor]) -> int | None:
     return None
 
 
-def _dynamic_shard_sizes(batch_size: tf.Tensor, num_shards: int) -> tf.Tensor:
-    """The in-graph twin of shard_sizes: int32 [num_shards], with a run-time size check."""
+def _dynamic_shard_sizes(batch_size: tf.Tensor, num_shards: int, num_towers: int,
+                         micro_batches: int) -> tf.Tensor:
+    """The in-graph twin of shard_sizes: int32 [num_shards], with batch_shortfall's check
+    run with the step."""
     check = tf.debugging.assert_greater_equal(
         batch_size,
-        num_shards,
-        message=f"global batch is smaller than the number of towers ({num_shards})",
+        num_towers * micro_batches,
+        message=_cannot_give("the global batch", num_towers, micro_batches),
     )
     with tf.control_dependencies([check]):
         base = batch_size // num_shards

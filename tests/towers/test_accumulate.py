@@ -105,7 +105,8 @@ def test_variables_are_made_once(graph):
 
 
 @pytest.mark.parametrize("steps, message", [
-    (7, "12 examples cannot be split into 7 micro-batches over 2 towers"),
+    (7, "a global batch of 12 examples cannot give each of 2 towers at least one example of "
+        "each of 7 micro-batches; it needs at least 14"),
     (0, "accumulate_steps must be a positive integer"),
 ])
 def test_bad_accumulation_is_a_clear_error(graph, steps, message):

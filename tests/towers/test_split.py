@@ -18,6 +18,32 @@ def test_shard_sizes_differ_by_at_most_one_larger_first():
     assert towers.shard_sizes(3, 3) == [1, 1, 1]
 
 
+@pytest.mark.parametrize("processes", [1, 2, 3])
+@pytest.mark.parametrize("micro_batches", [1, 2, 3])
+@pytest.mark.parametrize("num_towers", [1, 2, 4])
+def test_batch_shortfall_is_whether_the_smallest_piece_is_empty(num_towers, micro_batches,
+                                                                processes):
+    """Processes' shards, cut into micro-batches, split across towers: the rule in one line."""
+    for batch in range(1, 40):
+        smallest = min(
+            piece
+            for share in towers.shard_sizes(batch, processes)
+            for micro in towers.shard_sizes(share, micro_batches)
+            for piece in towers.shard_sizes(micro, num_towers)
+        )
+        shortfall = towers.batch_shortfall(batch, num_towers, micro_batches, processes)
+        assert (shortfall is None) == (smallest >= 1), (batch, shortfall)
+
+
+def test_batch_shortfall_says_what_every_tower_needs():
+    assert towers.batch_shortfall(2, 4) == (
+        "a global batch of 2 examples cannot give each of 4 towers at least one example; "
+        "it needs at least 4")
+    assert towers.batch_shortfall(6, 1, 4, processes=2) == (
+        "a global batch of 6 examples cannot give the one tower in each of 2 processes at "
+        "least one example of each of 4 micro-batches; it needs at least 8")
+
+
 def test_split_keeps_every_example_in_order(graph):
     x = tf.constant(np.arange(20, dtype=np.float32).reshape(10, 2))
     feats = {"a": x, "b": tf.constant(np.arange(10))}
@@ -36,13 +62,15 @@ def test_split_of_dynamic_batch_happens_at_run_time(graph):
     with tf.compat.v1.Session() as sess:
         counts = sess.run([s.num_examples for s in shards], {x: np.zeros((7, 2)), y: np.zeros(7)})
         assert counts == [3, 2, 2]
-        with pytest.raises(tf.errors.InvalidArgumentError, match="smaller than the number"):
+        too_small = "the global batch cannot give each of 3 towers at least one example"
+        with pytest.raises(tf.errors.InvalidArgumentError, match=too_small):
             sess.run(shards[0].labels, {x: np.zeros((2, 2)), y: np.zeros(2)})
 
 
 def test_static_batch_smaller_than_towers_is_a_build_time_error(graph):
     x, y = tf.zeros([3, 4]), tf.zeros([3], tf.int32)
-    with pytest.raises(ValueError, match="batch of 3 examples cannot be split across 4 towers"):
+    with pytest.raises(ValueError, match="a global batch of 3 examples cannot give each of 4 "
+                                         "towers at least one example; it needs at least 4"):
         towers.build_train_op(tiny_classifier, x, y, momentum(), cpus(4))
 
 
