@@ -198,22 +198,22 @@ def check_settings(settings: Settings) -> None:
             raise BenchError(f"--{name} must be at least 1")
     if settings.warmup < 0:
         raise BenchError("--warmup must be at least 0")
-    if settings.batch < max(settings.towers):
-        raise BenchError(f"global batch {settings.batch} cannot feed {max(settings.towers)} "
-                         "devices; use --batch at least the largest --towers count")
+    import towers  # the rule and its wording; TensorFlow is imported by now
+
     micro = max(v.accumulate for v in settings.variants)
-    if settings.batch < max(settings.towers) * micro:
-        raise BenchError(f"global batch {settings.batch} cannot feed {max(settings.towers)} "
-                         f"devices in each of {micro} micro-batches; use --batch at least "
-                         f"{max(settings.towers) * micro}")
+    shortfall = towers.batch_shortfall(settings.batch, max(settings.towers), micro)
+    if shortfall:
+        raise BenchError(f"--batch: {shortfall}")
 
 
 def check_memory(settings: Settings, steps: int) -> None:
     if steps < 1:
         raise BenchError("--memory: steps must be at least 1")
-    if settings.batch < max(MEMORY_TOWERS):
-        raise BenchError(f"--memory: global batch {settings.batch} cannot feed "
-                         f"{max(MEMORY_TOWERS)} towers; use --batch {max(MEMORY_TOWERS)} or more")
+    import towers
+
+    shortfall = towers.batch_shortfall(settings.batch, max(MEMORY_TOWERS))
+    if shortfall:
+        raise BenchError(f"--memory: {shortfall}; raise --batch")
 
 
 def check_model(model: ModelConfig, where: str) -> None:

@@ -487,17 +487,21 @@ def _check_job(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
             "data.epochs", ["towers.variable_update"],
         )
     devices = values["towers"].devices
+    # The towers the job file names; `auto` is at least one (launch.runtime.plan checks
+    # again once it is resolved, and once the processes sharing a batch are known).
     num_towers = devices if isinstance(devices, int) else (
         len(devices) if isinstance(devices, tuple) else 1)
     train = values["train"]
-    if train.batch_size < num_towers * train.accumulate_steps:
-        micro = f" in each of {train.accumulate_steps} micro-batches" if (
-            train.accumulate_steps > 1) else ""
-        raise Invalid(
-            f"the global batch must give each of the {num_towers} towers at least one "
-            f"example{micro}, got {train.batch_size}", "train.batch_size",
-            ["towers.devices", "train.accumulate_steps"],
-        )
+    # The towers package owns the rule and its wording. Importing it imports TensorFlow,
+    # so here, quietly, as every command does before its first graph.
+    from launch.log import quiet_tensorflow
+
+    quiet_tensorflow()
+    import towers
+
+    shortfall = towers.batch_shortfall(train.batch_size, num_towers, train.accumulate_steps)
+    if shortfall:
+        raise Invalid(shortfall, "train.batch_size", ["towers.devices", "train.accumulate_steps"])
     if train.sync and values["towers"].precision == "mixed_float16":
         raise Invalid(
             "mixed_float16 is not available with train.sync (a step skipped for a "

@@ -110,17 +110,11 @@ def rank_job(job: JobConfig, rank: Rank, num_host_gpus: int) -> JobConfig:
 
 def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
     """The in-process plan for this rank's towers, fed this rank's share of each batch."""
+    plan = make_plan(job, processes=rank.size)
     batch = job.train.batch_size
-    if batch < rank.size:
-        raise HorovodError(
-            f"train.batch_size: a global batch of {batch} cannot feed {rank.size} ranks"
-        )
     local = towers.shard_sizes(batch, rank.size)[rank.rank]
-    local_job = dataclasses.replace(job, train=dataclasses.replace(job.train, batch_size=local))
-    plan = make_plan(local_job)
     return dataclasses.replace(
         plan,
-        job=job,
         batch_size=local,
         shard=(rank.rank, rank.size),
         reduce_gradients=all_reduce(hvd, share=local / batch),

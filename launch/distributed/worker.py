@@ -44,17 +44,8 @@ def worker_plan(job: JobConfig, task: Task) -> Plan:
             "towers.variable_update: ps/worker jobs keep variables on the ps tasks; "
             f"use parameter_server, not {job.towers.variable_update}"
         )
-    base = make_plan(job)
-    sizes = towers.shard_sizes(job.train.batch_size, task.num_workers)
-    batch = sizes[task.worker_rank]
-    micro = job.train.accumulate_steps
-    if min(sizes) < len(base.devices) * micro:
-        each = f" in some of its {micro} micro-batches" if micro > 1 else ""
-        raise ClusterError(
-            f"train.batch_size: a global batch of {job.train.batch_size} over "
-            f"{task.num_workers} workers with {len(base.devices)} tower(s) each leaves a "
-            f"tower without examples{each}"
-        )
+    base = make_plan(job, processes=task.num_workers)
+    batch = towers.shard_sizes(job.train.batch_size, task.num_workers)[task.worker_rank]
     setter = V1.train.replica_device_setter(
         cluster=task.cluster_spec(),
         worker_device=task.device,

@@ -12,6 +12,7 @@ import towers
 from launch import data, modelref
 from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, session_config, tower_devices
+from launch.errors import BadInput
 from launch.runtime import checkpoints
 
 V1 = tf.compat.v1
@@ -69,21 +70,33 @@ class Plan:
         return self.step_examples or self.batch_size
 
 
-def make_plan(job: JobConfig) -> Plan:
-    """Resolve the model, the devices and the session options; raises on bad input."""
+class BatchSizeError(BadInput):
+    """train.batch_size leaves a tower without examples (towers.batch_shortfall)."""
+
+
+def make_plan(job: JobConfig, processes: int = 1) -> Plan:
+    """Resolve the model, the devices and the session options; raises on bad input.
+
+    processes: how many processes share each global batch (ps/worker workers, Horovod
+    ranks), each running the job's towers.
+    """
     model = resolve_model(job)
     num_gpus = len(list_gpus(job.session))
     devices = tower_devices(job.towers, num_gpus)
     param = param_device(job.towers, num_gpus)
-    micro_batches = job.train.accumulate_steps
-    if job.train.batch_size < len(devices) * micro_batches:
-        each = f" in each of {micro_batches} micro-batches" if micro_batches > 1 else ""
-        raise data.DataError(
-            f"train.batch_size: a global batch of {job.train.batch_size} cannot feed "
-            f"{len(devices)} towers; use at least one example per tower{each}"
-        )
+    _check_batch_size(job, len(devices), processes)
     config = session_config(job.session, num_cpu_devices(devices, param))
     return Plan(job, model, devices, param, config, batch_size=job.train.batch_size)
+
+
+def _check_batch_size(job: JobConfig, num_towers: int, processes: int = 1) -> None:
+    """train.batch_size against the towers once their number is known: `devices: auto`
+    resolved, times the processes of a multi-process job. The job file's own check
+    (launch.config) has already covered the towers it names."""
+    shortfall = towers.batch_shortfall(job.train.batch_size, num_towers,
+                                       job.train.accumulate_steps, processes)
+    if shortfall:
+        raise BatchSizeError(f"train.batch_size: {shortfall}")
 
 
 def resolve_model(job: JobConfig) -> models.Model:

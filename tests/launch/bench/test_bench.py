@@ -157,10 +157,12 @@ def test_memory_report_shows_one_set_of_variables_for_8_towers(tmp_path):
     (["--modes", "parameter_server,sideways"], "--modes: unknown mode 'sideways'"),
     (["--towers", "0,2"], "--towers: device counts must be at least 1"),
     (["--towers", "two"], "--towers: expected device counts"),
-    (["--batch", "2", "--towers", "1,4"], "global batch 2 cannot feed 4 devices"),
+    (["--batch", "2", "--towers", "1,4"],
+     "--batch: a global batch of 2 examples cannot give each of 4 towers at least one example"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--model", "resnet21"], "--model: unknown model 'resnet21'"),
-    (["--memory", "10", "--batch", "4"], "--memory: global batch 4 cannot feed 8 towers"),
+    (["--memory", "10", "--batch", "4"],
+     "--memory: a global batch of 4 examples cannot give each of 8 towers"),
 ])
 def test_bad_options_exit_2_with_one_line(args, message):
     result = run_in_process("bench", *TINY, *args)

@@ -73,5 +73,6 @@ def test_bad_axes_are_one_line_errors(axes, message):
 def test_micro_batches_must_feed_every_device():
     settings = bench.Settings("mlp", {}, 6, (1, 2), ("replicated",), 1, 0, 1,
                               variants=bench.parse_variants(None, "4", None, None))
-    with pytest.raises(bench.BenchError, match="cannot feed 2 devices in each of 4 micro"):
+    with pytest.raises(bench.BenchError, match="cannot give each of 2 towers at least one "
+                                                 "example of each of 4 micro-batches"):
         bench.check_settings(settings)
