@@ -12,10 +12,10 @@ from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
+from towers.sharing import REPLICA_COPIES
 from towers.split import batch_shortfall, shard_sizes, split_batch
 from towers.train_op import EvalOps, TrainOps, build_eval_ops, build_train_op
 from towers.variable_update import (
-    REPLICA_COPIES,
     VARIABLE_UPDATES,
     CrossProcess,
     GradientsFn,

@@ -23,20 +23,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from towers import gradients as grad_lib
 from towers.builder import Tower, build_towers
 from towers.context import Features, ModelFn
-from towers.creation import MadeVariables
 from towers.loss_scale import LossScaler
 from towers.precision import Precision
+from towers.sharing import MadeVariables, VariableSharing
 from towers.split import Shard, split_micro_batches
-
-if TYPE_CHECKING:
-    from towers.variable_update import VariableUpdate
 
 
 class Step(NamedTuple):
@@ -61,7 +58,7 @@ def build_step(
     features: Features,
     labels: tf.Tensor,
     devices: Sequence[str],
-    mode: VariableUpdate,
+    sharing: VariableSharing,
     home: str,
     *,
     micro_batches: int,
@@ -70,7 +67,10 @@ def build_step(
     xla: bool,
 ) -> Step:
     """Split the global batch (features [B, ...], labels [B, ...]) into micro-batches and
-    those across `devices`; build every tower and its weighted gradients."""
+    those across `devices`; build every tower and its weighted gradients.
+
+    sharing: what each tower's variables are (the update mode's, towers.sharing).
+    home: where the example weights are computed."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"accumulate_steps must be a positive integer, got {micro_batches!r}")
     with tf.name_scope("split_batch"):
@@ -82,7 +82,7 @@ def build_step(
     for m, shards in enumerate(splits):
         after = [_tensors_of(grads) for grads in sums] if sums else None
         with tf.name_scope(f"micro_batch_{m}") if m else contextlib.nullcontext():
-            towers = build_towers(model_fn, shards, devices, mode, is_training=True,
+            towers = build_towers(model_fn, shards, devices, sharing, is_training=True,
                                   reuse_existing=m > 0, precision=precision, xla=xla,
                                   after=after, made=made)
         if m:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -71,3 +72,19 @@ def as_tower_outputs(result: TowerOutputs | tf.Tensor) -> TowerOutputs:
     raise TypeError(
         f"model_fn must return towers.TowerOutputs or a scalar loss tensor, got {type(result)!r}"
     )
+
+
+@contextlib.contextmanager
+def own_collection(key: str) -> Iterator[None]:
+    """Inside: graph collection `key` holds only what is added inside. After: all of it.
+
+    What a model sees of a collection while its tower is built: LOSSES (so
+    `tf.compat.v1.losses.get_total_loss()` is the tower's own loss), and a replicated
+    tower's REGULARIZATION_LOSSES."""
+    collection = tf.compat.v1.get_collection_ref(key)
+    before = list(collection)
+    del collection[:]
+    try:
+        yield
+    finally:
+        collection[:0] = before

@@ -112,7 +112,7 @@ def build_train_op(
             global_step = tf.compat.v1.train.get_or_create_global_step()
     scaler = policy.loss_scaler(home)
 
-    step = build_step(model_fn, features, labels, devices, mode, home,
+    step = build_step(model_fn, features, labels, devices, mode.variables, home,
                       micro_batches=accumulate_steps, precision=policy, scaler=scaler, xla=xla)
     towers = step.towers
     pairs, norm = mode.combine_gradients(towers, step.gradients, clip_norm)
@@ -157,7 +157,7 @@ def build_eval_ops(
     home = mode.home(devices)
     with tf.name_scope("split_batch"):
         shards = split_batch(features, labels, len(devices))
-    towers = build_towers(model_fn, shards, devices, mode, is_training=False,
+    towers = build_towers(model_fn, shards, devices, mode.variables, is_training=False,
                           reuse_existing=True, precision=precision_lib.resolve(precision),
                           xla=xla)
     loss, metrics = _combine_outputs(towers, _example_weights(towers, home), home)

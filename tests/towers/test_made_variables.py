@@ -1,7 +1,7 @@
 """Models written with TF1 idioms or Keras 3 layers, on towers, against one device.
 
 Keras layers make their variables with tf.Variable, not get_variable: towers
-matches them across towers by creation order (towers.creation), so a Keras model
+matches them across towers by creation order (towers.sharing), so a Keras model
 built in every tower shares tower 0's variables (parameter_server) or gets copies
 (replicated), and checkpoints name them without a tower prefix.
 """
