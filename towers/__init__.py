@@ -22,6 +22,7 @@ from towers.variable_update import (
     ParameterServer,
     Replicated,
     VariableUpdate,
+    resolve_variable_update,
 )
 
 __all__ = [
@@ -54,6 +55,7 @@ __all__ = [
     "build_eval_ops",
     "build_train_op",
     "least_loaded",
+    "resolve_variable_update",
     "shard_sizes",
     "split_batch",
 ]

@@ -62,10 +62,20 @@ class GreedyByteBalancer:
         return target
 
 
+class LeastLoaded:
+    """A variable-device function that spreads variables over `devices` by byte size."""
+
+    def __init__(self, devices: Sequence[str]):
+        self.devices = list(devices)
+        self._balancer = GreedyByteBalancer(len(self.devices))
+
+    def __call__(self, op: tf.Operation) -> str:
+        return self.devices[self._balancer(op)]
+
+
 def least_loaded(devices: Sequence[str]) -> DeviceFn:
     """A variable-device function that spreads variables over `devices` by byte size."""
-    balancer = GreedyByteBalancer(len(devices))
-    return lambda op: devices[balancer(op)]
+    return LeastLoaded(devices)
 
 
 def tower_device_fn(compute_device: str, variable_device: str | DeviceFn) -> DeviceFn:
@@ -82,3 +92,10 @@ def tower_device_fn(compute_device: str, variable_device: str | DeviceFn) -> Dev
 def device_type(device: str) -> str:
     """'GPU' for '/gpu:1' or '/job:worker/task:0/device:GPU:1'; '' when not given."""
     return (tf.DeviceSpec.from_string(device).device_type or "").upper()
+
+
+def host_cpu(device: str) -> str:
+    """The CPU of the host (task) `device` is on: '/gpu:1' gives '/device:CPU:0',
+    '/job:worker/task:1/gpu:0' gives '/job:worker/task:1/device:CPU:0'."""
+    spec = tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0)
+    return spec.to_string()

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from towers.context import own_collection
-from towers.placement import DeviceFn
+from towers.placement import DeviceFn, host_cpu
 from towers.precision import Precision
 
 # Graph collection holding the per-tower copies made in replicated mode (and their
@@ -447,8 +447,7 @@ def _synced_flag(device: str) -> tf.Variable:
     if found:
         return found[0]
     # On the CPU of the first later tower's task: a bool variable needs no GPU kernel.
-    cpu = tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0)
-    with tf.device(cpu.to_string()), tf.control_dependencies(None):
+    with tf.device(host_cpu(device)), tf.control_dependencies(None):
         return tf.compat.v1.Variable(False, trainable=False, name="towers_replicas_synced",
                                      collections=[SYNCED_FLAG], use_resource=True)
 

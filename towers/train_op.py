@@ -15,7 +15,7 @@ from towers.context import Features, ModelFn
 from towers.placement import DeviceFn
 from towers.precision import Precision
 from towers.split import split_batch
-from towers.variable_update import VariableUpdate, resolve
+from towers.variable_update import VariableUpdate, resolve_variable_update
 
 
 class TrainOps(NamedTuple):
@@ -90,6 +90,8 @@ def build_train_op(
     param_device: with "parameter_server", where the variables live: a device
         string, "least_loaded" (spread over `devices` by byte size), or a device
         function of the variable op.
+    global_step: the step variable to increment; None makes one where the mode keeps
+        it (VariableUpdate.step_device).
     nonfinite: one of NONFINITE_POLICIES (towers.nonfinite): "raise" and "skip"
         check the combined loss and gradient norm before anything is updated.
     precision: "float32", "mixed_bfloat16", "mixed_float16" (with dynamic loss
@@ -105,10 +107,10 @@ def build_train_op(
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     nonfinite_lib.check_policy(nonfinite)
     policy = precision_lib.resolve(precision)
-    mode = resolve(variable_update, param_device, devices)
+    mode = resolve_variable_update(variable_update, param_device, devices)
     home = mode.home(devices)
     if global_step is None:
-        with tf.device(home):
+        with tf.compat.v1.device(mode.step_device(devices)):
             global_step = tf.compat.v1.train.get_or_create_global_step()
     scaler = policy.loss_scaler(home)
 
@@ -153,7 +155,7 @@ def build_eval_ops(
     """Evaluation towers (is_training=False) over `devices`, with the training graph's names,
     computing in `precision`'s type."""
     devices = _check_devices(devices)
-    mode = resolve("parameter_server", param_device, devices)
+    mode = resolve_variable_update("parameter_server", param_device, devices)
     home = mode.home(devices)
     with tf.name_scope("split_batch"):
         shards = split_batch(features, labels, len(devices))

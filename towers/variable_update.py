@@ -1,20 +1,28 @@
 """Update modes: how the towers' gradients become one update.
 
-One class per mode, behind the small interface `build_train_op` calls (as
-tf_cnn_benchmarks' VariableMgr subclasses). Each holds the towers.sharing policy
-that says what each tower's variables are and where they live:
+Two choices make a mode, held apart here:
 
-  ParameterServer  one copy of each variable on a parameter device; tower gradients
-                   summed where each variable lives (or on one aggregation device)
-  CrossProcess     ParameterServer whose summed gradients, loss and metrics are then
-                   combined with other processes' (Horovod's all-reduce)
-  Replicated       a copy of each trainable variable per tower, gradients all-reduced,
-                   every copy updated by the same step
+  how the towers inside one process share variables and gradients
+    ParameterServer  one copy of each variable on a parameter device; tower gradients
+                     summed where each variable lives (or on one aggregation device)
+    Replicated       a copy of each trainable variable per tower, gradients
+                     all-reduced, every copy updated by the same step
+  whether other processes take part in the same update
+    CrossProcess     a ParameterServer inside one process of a multi-process job (a
+                     Horovod rank), composed with `reduce`, the reduction across
+                     processes its summed gradients, loss and metrics pass through
 
-Every gradient handed to `combine_gradients` is already scaled by its tower's share
-of the global batch, so the combined gradient is a plain sum. It comes in the type
-gradients travel in (float32, or 16 bits: towers.Precision.gradient_dtype); a mode
-keeps that type on every hop between devices or processes, and sums in float32.
+(A ps/worker job's worker is a ParameterServer whose parameter device is the ps
+tasks: the processes share variables, not a reduction.) resolve_variable_update
+makes a mode from the two choices; the job file's one key, `towers.variable_update`,
+names both for users.
+
+Each in-process mode holds the towers.sharing policy that says what each tower's
+variables are and where they live, and answers where the loss, metrics and global
+step are kept. Every gradient handed to `combine_gradients` is already scaled by its
+tower's share of the global batch, so the combined gradient is a plain sum. It comes
+in the type gradients travel in (float32, or 16 bits: towers.Precision.gradient_dtype);
+a mode keeps that type on every hop between devices or processes, and sums in float32.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ import tensorflow as tf
 from towers import gradients as grad_lib
 from towers import precision as precision_lib
 from towers.builder import Tower
-from towers.placement import DeviceFn, least_loaded
+from towers.placement import DeviceFn, LeastLoaded, host_cpu, least_loaded
 from towers.sharing import ReplicaCopies, SharedVariables, VariableSharing
 
 # Maps a list of gradients (tensors, IndexedSlices or None) to a list of the same length.
 GradientsFn = Callable[[list], list]
+# Maps this process's summed gradients, in the type they travel in, to the job's.
+AcrossProcesses = Callable[[list, tf.DType], list]
 Pairs = list[tuple]  # (gradient, variable) pairs, as Optimizer.apply_gradients takes them
 
 
@@ -47,8 +57,13 @@ class VariableUpdate:
         return self.variables.device(tower_device)
 
     def home(self, devices: Sequence[str]) -> str:
-        """Where the loss, the metrics and the global step are combined and kept."""
+        """Where the loss, the metrics and the loss scale are combined and kept."""
         raise NotImplementedError
+
+    def step_device(self, devices: Sequence[str]) -> str | DeviceFn:
+        """Where the global step lives: unless the mode keeps it beside its variables,
+        on the first tower's host CPU (an int64 counter every step reads needs no GPU)."""
+        return host_cpu(devices[0])
 
     def combine_gradients(
         self, towers: list[Tower], tower_grads: list[list], clip_norm: float | None
@@ -100,53 +115,28 @@ class ParameterServer(VariableUpdate):
     def home(self, devices: Sequence[str]) -> str:
         return devices[0] if callable(self.param_device) else self.param_device
 
-    def combine_gradients(self, towers, tower_grads, clip_norm):
+    def step_device(self, devices: Sequence[str]) -> str | DeviceFn:
+        """Beside the variables (on the ps tasks, for a replica_device_setter); spread
+        over the towers they have no one place, and it stays on the host CPU, out of
+        the balance."""
+        if isinstance(self.param_device, LeastLoaded):
+            return super().step_device(devices)
+        return self.param_device
+
+    def combine_gradients(self, towers, tower_grads, clip_norm,
+                          across: AcrossProcesses | None = None):
+        """across: combines this process's summed gradients with the other processes'
+        before they are clipped (CrossProcess); None: this process's are the update's."""
         variables = towers[0].trainable
         wire = _wire_dtype(tower_grads)
         summed = grad_lib.aggregate(tower_grads, variables, self.aggregation_device)
         with tf.device(self.aggregation_device or self.home([t.device for t in towers])):
-            summed = self.reduce_across_processes(summed, wire)
+            if across is not None:
+                summed = across(summed, wire)
             summed, norm = grad_lib.clip_by_global_norm(summed, clip_norm)
             if self.aggregation_device:  # the sums still have a hop to the variables
                 summed = grad_lib.send_to_variables(summed, variables, wire)
         return present_pairs(summed, variables), norm
-
-    def reduce_across_processes(self, summed: list, wire: tf.DType) -> list:
-        """This process's summed gradients combined with other processes'; here, as they are.
-        wire: the type gradients travel in."""
-        return summed
-
-
-class CrossProcess(ParameterServer):
-    """ParameterServer inside one process of a multi-process job (a Horovod rank).
-
-    reduce: combines this process's values with the other processes' (all-reduce);
-    it takes and returns lists of tensors, IndexedSlices or None. It is applied to
-    the summed gradients before clipping, so the norm clipped is the whole job's,
-    and to the loss and metrics, so every process makes the same finite-or-not
-    decision and reports the same values.
-    """
-
-    name = "cross_process"
-
-    def __init__(self, reduce: GradientsFn, param_device: str | DeviceFn = "/cpu:0",
-                 aggregation_device: str | None = None):
-        super().__init__(param_device, aggregation_device)
-        self.reduce = reduce
-
-    def reduce_across_processes(self, summed: list, wire: tf.DType) -> list:
-        """Sent in the wire type (a 16-bit all-reduce sums in 16 bits: Horovod's own
-        fp16 compression), float32 again after."""
-        sent = self.reduce([precision_lib.cast_gradient(g, wire) for g in summed])
-        return [precision_lib.cast_gradient(r, g.dtype) if g is not None else r
-                for r, g in zip(sent, summed, strict=True)]
-
-    def combine_outputs(self, loss, metrics, home):
-        # The caller runs these in every step, so that every process joins the same
-        # collectives in the same order.
-        with tf.device(self.aggregation_device or home), tf.name_scope("job_wide_outputs"):
-            job_wide = self.reduce([loss, *metrics.values()])
-        return job_wide[0], dict(zip(metrics, job_wide[1:], strict=True)), job_wide
 
 
 class Replicated(VariableUpdate):
@@ -187,28 +177,93 @@ class Replicated(VariableUpdate):
         return pairs, norms[0]
 
 
+class CrossProcess(VariableUpdate):
+    """The towers of one process of a multi-process job (a Horovod rank): an in-process
+    mode, `within`, composed with `reduce`, the reduction across processes.
+
+    reduce: combines this process's values with the other processes' (all-reduce);
+    it takes and returns lists of tensors, IndexedSlices or None. It is applied to
+    the summed gradients before clipping, so the norm clipped is the whole job's,
+    and to the loss and metrics, so every process makes the same finite-or-not
+    decision and reports the same values.
+    within: the mode of the process's own towers; by default
+        ParameterServer(param_device, aggregation_device).
+    """
+
+    name = "cross_process"
+
+    def __init__(self, reduce: GradientsFn, param_device: str | DeviceFn = "/cpu:0",
+                 aggregation_device: str | None = None, *,
+                 within: ParameterServer | None = None):
+        self.within = within or ParameterServer(param_device, aggregation_device)
+        self.reduce = reduce
+        self.variables = self.within.variables
+
+    def home(self, devices: Sequence[str]) -> str:
+        return self.within.home(devices)
+
+    def step_device(self, devices: Sequence[str]) -> str | DeviceFn:
+        return self.within.step_device(devices)
+
+    def combine_gradients(self, towers, tower_grads, clip_norm):
+        return self.within.combine_gradients(towers, tower_grads, clip_norm,
+                                             across=self._reduce_gradients)
+
+    def _reduce_gradients(self, summed: list, wire: tf.DType) -> list:
+        """Sent in the wire type (a 16-bit all-reduce sums in 16 bits: Horovod's own
+        fp16 compression), float32 again after."""
+        sent = self.reduce([precision_lib.cast_gradient(g, wire) for g in summed])
+        return [precision_lib.cast_gradient(r, g.dtype) if g is not None else r
+                for r, g in zip(sent, summed, strict=True)]
+
+    def combine_outputs(self, loss, metrics, home):
+        # The caller runs these in every step, so that every process joins the same
+        # collectives in the same order.
+        with (
+            tf.device(self.within.aggregation_device or home),
+            tf.name_scope("job_wide_outputs"),
+        ):
+            job_wide = self.reduce([loss, *metrics.values()])
+        return job_wide[0], dict(zip(metrics, job_wide[1:], strict=True)), job_wide
+
+
 MODES = {mode.name: mode for mode in (ParameterServer, Replicated)}
 VARIABLE_UPDATES = tuple(MODES)
 
 
-def resolve(variable_update: str | VariableUpdate, param_device: str | DeviceFn,
-            devices: Sequence[str]) -> VariableUpdate:
-    """A mode object from a mode name (with the parameter device) or as given.
+def resolve_variable_update(
+    variable_update: str | VariableUpdate,
+    param_device: str | DeviceFn,
+    devices: Sequence[str],
+    *,
+    aggregation_device: str | None = None,
+    reduce: GradientsFn | None = None,
+) -> VariableUpdate:
+    """The one place a mode is made from its two choices: a mode name (how the towers
+    of a process share: one of VARIABLE_UPDATES) and, for a process of a
+    multi-process job, `reduce` (CrossProcess). A mode object is returned as given.
 
-    param_device "least_loaded" spreads the variables over `devices` by byte size.
+    param_device: with "parameter_server", a device, a device function, or
+        "least_loaded": spread over `devices` by byte size.
+    aggregation_device: with "parameter_server", where the towers' gradients are
+        summed (None: on each variable's device).
     """
     if isinstance(variable_update, VariableUpdate):
         return variable_update
+    if variable_update not in MODES:
+        raise ValueError(
+            f"variable_update must be one of {', '.join(VARIABLE_UPDATES)} or a "
+            f"towers.VariableUpdate; got {variable_update!r}"
+        )
     if variable_update == "replicated":
+        if reduce is not None:
+            raise ValueError("replicated towers are not combined across processes; a "
+                             "multi-process job's towers share as parameter_server does")
         return Replicated()
-    if variable_update == "parameter_server":
-        if param_device == "least_loaded":
-            param_device = least_loaded(devices)
-        return ParameterServer(param_device)
-    raise ValueError(
-        f"variable_update must be one of {', '.join(VARIABLE_UPDATES)} or a "
-        f"towers.VariableUpdate; got {variable_update!r}"
-    )
+    if param_device == "least_loaded":
+        param_device = least_loaded(devices)
+    within = ParameterServer(param_device, aggregation_device)
+    return within if reduce is None else CrossProcess(reduce, within=within)
 
 
 def _wire_dtype(tower_grads: list[list]) -> tf.DType:

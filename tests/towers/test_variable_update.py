@@ -125,3 +125,44 @@ def test_cross_process_combines_gradients_loss_and_metrics():
 def test_least_loaded_is_given_as_a_device_function():
     with pytest.raises(ValueError, match="towers.least_loaded"):
         towers.ParameterServer("least_loaded")
+
+
+def same_values(values):
+    return values
+
+
+def test_a_mode_is_made_from_its_two_choices_in_one_place():
+    """How a process's towers share, and whether other processes take part."""
+    alone = towers.resolve_variable_update("parameter_server", "/cpu:1", cpus(2),
+                                           aggregation_device="/cpu:0")
+    assert type(alone) is towers.ParameterServer
+    assert (alone.param_device, alone.aggregation_device) == ("/cpu:1", "/cpu:0")
+    rank = towers.resolve_variable_update("parameter_server", "/cpu:1", cpus(2),
+                                          aggregation_device="/cpu:0", reduce=same_values)
+    assert type(rank) is towers.CrossProcess and rank.reduce is same_values
+    assert (rank.within.param_device, rank.within.aggregation_device) == ("/cpu:1", "/cpu:0")
+    assert type(towers.resolve_variable_update("replicated", "/cpu:0", cpus(2))) is (
+        towers.Replicated)
+    with pytest.raises(ValueError, match="replicated towers are not combined across"):
+        towers.resolve_variable_update("replicated", "/cpu:0", cpus(2), reduce=same_values)
+
+
+def test_the_global_step_lives_beside_one_copy_of_the_variables_or_on_the_host_cpu():
+    devices = ["/gpu:0", "/gpu:1"]
+    setter = tf.compat.v1.train.replica_device_setter(ps_tasks=1)
+    spread = towers.resolve_variable_update("parameter_server", "least_loaded", devices)
+    assert towers.ParameterServer("/gpu:1").step_device(devices) == "/gpu:1"
+    assert towers.ParameterServer(setter).step_device(devices) is setter
+    assert towers.CrossProcess(same_values, "/cpu:0").step_device(devices) == "/cpu:0"
+    for mode in (spread, towers.Replicated()):
+        assert mode.step_device(devices) == "/device:CPU:0"
+
+
+def test_a_least_loaded_global_step_stays_out_of_the_balance(graph):
+    """Made on the host CPU, it leaves the variables where least_loaded alone puts them."""
+    x, y = tf.zeros([4, 4]), tf.zeros([4], tf.int32)
+    ops = towers.build_train_op(tiny_classifier, x, y, momentum(), ["/cpu:1", "/cpu:2"],
+                                param_device="least_loaded")
+    assert ops.global_step.device == "/device:CPU:0"
+    placed = {v.op.name: v.device for v in tf.compat.v1.trainable_variables()}
+    assert placed["w"] == "/cpu:1"  # the first, and largest, on the first device
