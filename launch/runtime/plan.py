@@ -22,12 +22,18 @@ V1 = tf.compat.v1
 class Plan:
     """Everything resolved about a job before a graph is built: what runs where.
 
-    devices: the tower devices. param_device: where variables live, a device or a
-    device function (a ps/worker job's replica_device_setter). host: where the
-    input pipeline and other host-side ops run. aggregation: where tower gradients
-    are summed (None: on each variable's device). batch_size and shard: this
-    process's part of every global batch and of the data. reduce_gradients:
-    combines the summed gradients with other processes' (Horovod ranks).
+    The job's `towers.variable_update` names two choices at once; the plan holds them
+    apart. sharing: how the towers inside this process share variables and
+    gradients (parameter_server or replicated; in_process_sharing). reduce_gradients:
+    how this process's summed gradients, loss and metrics are combined with other
+    processes' (Horovod ranks' all-reduce); None in a job of one process, and in a
+    ps/worker job, whose processes share variables on the ps tasks instead.
+
+    devices: the tower devices. param_device: where variables live, a device,
+    "least_loaded", or a device function (a ps/worker job's replica_device_setter).
+    host: where the input pipeline and other host-side ops run. aggregation: where
+    tower gradients are summed (None: on each variable's device). batch_size and
+    shard: this process's part of every global batch and of the data.
     step_examples: examples a step stands for in the reported rates (0: batch_size);
     Horovod ranks step in lockstep, so each reports the whole job's rate.
     model.input_spec is always set: a model that declares none gets the data's.
@@ -38,6 +44,7 @@ class Plan:
     devices: list[str]
     param_device: str | towers.DeviceFn
     session: V1.ConfigProto
+    sharing: str = "parameter_server"
     host: str = "/cpu:0"
     aggregation: str | None = None
     batch_size: int = 0
@@ -46,16 +53,12 @@ class Plan:
     step_examples: int = 0
 
     def variable_update(self) -> towers.VariableUpdate:
-        """The update mode of the towers inside this process. Horovod ranks sum their
-        towers' gradients locally, then all-reduce them across processes."""
-        if self.job.towers.variable_update == "replicated":
-            return towers.Replicated()
-        device = self.param_device
-        if device == "least_loaded":
-            device = towers.least_loaded(self.devices)
-        if self.reduce_gradients is not None:
-            return towers.CrossProcess(self.reduce_gradients, device, self.aggregation)
-        return towers.ParameterServer(device, self.aggregation)
+        """The update mode: this process's sharing, composed with the reduction across
+        processes when there is one (towers.resolve_variable_update). Call it once per
+        graph: a least_loaded parameter device keeps its balance in the object."""
+        return towers.resolve_variable_update(
+            self.sharing, self.param_device, self.devices,
+            aggregation_device=self.aggregation, reduce=self.reduce_gradients)
 
     def precision(self) -> towers.Precision:
         """What the towers compute, send gradients and scale the loss in."""
@@ -86,7 +89,17 @@ def make_plan(job: JobConfig, processes: int = 1) -> Plan:
     param = param_device(job.towers, num_gpus)
     _check_batch_size(job, len(devices), processes)
     config = session_config(job.session, num_cpu_devices(devices, param))
-    return Plan(job, model, devices, param, config, batch_size=job.train.batch_size)
+    return Plan(job, model, devices, param, config, sharing=in_process_sharing(job),
+                batch_size=job.train.batch_size)
+
+
+def in_process_sharing(job: JobConfig) -> str:
+    """How the towers inside each process share variables and gradients. The job
+    file's `towers.variable_update` also says how processes are arranged: `horovod`
+    runs Horovod ranks, each sharing its towers' variables as parameter_server does
+    (the ranks then combine through Plan.reduce_gradients)."""
+    choice = job.towers.variable_update
+    return "parameter_server" if choice == "horovod" else choice
 
 
 def _check_batch_size(job: JobConfig, num_towers: int, processes: int = 1) -> None:

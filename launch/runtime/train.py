@@ -53,7 +53,8 @@ def build_training_graph(
     V1.set_random_seed(job.train.seed)
     features, labels = input_tensors(plan, training=True, batch_size=plan.batch_size,
                                      skipped=skipped)
-    with V1.device(plan.param_device if plan.param_device != "least_loaded" else plan.host):
+    mode = plan.variable_update()
+    with V1.device(mode.step_device(plan.devices)):
         global_step = V1.train.get_or_create_global_step()
     rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
     optimizer = make_optimizer(job.optimizer, rate)
@@ -65,7 +66,7 @@ def build_training_graph(
         labels,
         optimizer,
         plan.devices,
-        variable_update=plan.variable_update(),
+        variable_update=mode,
         clip_norm=job.optimizer.clip_norm,
         global_step=global_step,
         nonfinite="raise" if job.train.on_nonfinite == "stop" else "skip",

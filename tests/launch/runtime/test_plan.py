@@ -1,10 +1,16 @@
-"""The plan: the job's batch checked against the towers once their number is known."""
+"""The plan: the job's batch checked against the towers once their number is known; the
+update mode resolved once, from the in-process sharing and the cross-process reduction."""
+
+import dataclasses
 
 import pytest
+import tensorflow as tf
 
+import towers
 from launch.config import from_dict
 from launch.errors import EXIT_BAD_INPUT
 from launch.runtime.plan import BatchSizeError, make_plan
+from launch.runtime.train import build_training_graph
 
 SMALL = {"model": {"name": "mlp", "input_dim": 4, "hidden_units": [4]},
          "data": {"source": "synthetic"}}
@@ -27,3 +33,26 @@ def test_every_process_sharing_the_batch_needs_its_towers_fed():
     assert make_plan(job, processes=3).batch_size == 6
     with pytest.raises(BatchSizeError, match="each of 2 towers in each of 4 processes"):
         make_plan(job, processes=4)
+
+
+def test_horovod_ranks_share_their_towers_as_parameter_server_and_reduce_across():
+    job = from_dict({**SMALL, "towers": {"variable_update": "horovod", "devices": 1}})
+    plan = make_plan(job)
+    assert plan.sharing == "parameter_server"
+    rank = dataclasses.replace(plan, reduce_gradients=lambda values: values)
+    mode = rank.variable_update()
+    assert isinstance(mode, towers.CrossProcess) and mode.reduce is rank.reduce_gradients
+    assert isinstance(mode.within, towers.ParameterServer)
+
+
+@pytest.mark.parametrize("towers_cfg, step_device", [
+    ({"param_device": "cpu"}, "/device:CPU:0"),
+    ({"param_device": "/cpu:1"}, "/device:CPU:1"),
+    ({"param_device": "least_loaded"}, "/device:CPU:0"),
+    ({"variable_update": "replicated"}, "/device:CPU:0"),
+])
+def test_the_global_step_is_where_the_update_mode_keeps_it(graph, towers_cfg, step_device):
+    job = from_dict({**SMALL, "towers": {"devices": 2, **towers_cfg}})
+    ops, _, _ = build_training_graph(make_plan(job))
+    assert ops.global_step.device == step_device
+    assert tf.compat.v1.train.get_global_step() is ops.global_step
