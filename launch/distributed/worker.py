@@ -3,17 +3,16 @@
 A worker that loses a ps task keeps going while MonitoredSession re-creates its
 session (the chief restores the last checkpoint onto a restarted ps), but gives
 up with status 138 once a ps task has refused connections for
-`reconnect_timeout_secs`: TensorFlow alone would retry forever. A step stuck for
-`operation_timeout_secs` on a peer that does not answer (a synchronous step waiting
-for a worker cut off from the network) ends the worker with 138 too. How the job
-ends is in launch/distributed/ending.py.
+`reconnect_timeout_secs` (launch/distributed/liveness.py): TensorFlow alone would
+retry forever. A step stuck for `operation_timeout_secs` on a peer that does not
+answer (a synchronous step waiting for a worker cut off from the network) ends the
+worker with 138 too. How the job ends is in launch/distributed/ending.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,10 +22,11 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed.cluster_spec import ClusterError, Task, accepts, wait_for_peers
+from launch.distributed import hard_exit, liveness
+from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
 from launch.distributed.ending import JobEndHook, report_finished, tell_diverged
 from launch.distributed.server import start_server
-from launch.errors import EXIT_PEER_UNAVAILABLE, Diverged, PeerUnavailable
+from launch.errors import Diverged, PeerUnavailable
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.role import Role
@@ -95,8 +95,7 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
               f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}")
-        ps_tasks = {f"ps {i}": a for i, a in enumerate(task.cluster["ps"])}
-        with PeerWatch(ps_tasks, job.cluster.reconnect_timeout_secs, write):
+        with _watching_ps(task, job, write):
             role = WorkerRole(job, task, server, plan.session, write)
             try:
                 return train(job, plan=plan, role=role, exporter=exporter, write=write)
@@ -107,6 +106,17 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
                 raise PeerUnavailable(_stuck_step(task, role.deadline)) from None
 
 
+def _watching_ps(task: Task, job: JobConfig,
+                 write: Callable[[str], None]) -> contextlib.AbstractContextManager:
+    """While in the block, a ps lost for the reconnect timeout ends this process with
+    138: MonitoredSession re-creates the session after a lost ps, which rides out a
+    ps that is restarted (the chief restores the last checkpoint onto it), but would
+    retry one that is gone for ever."""
+    ps_tasks = {f"ps {i}": a for i, a in enumerate(task.cluster["ps"])}
+    ps = liveness.Liveness(ps_tasks, liveness.worker_rule(job.cluster), write)
+    return liveness.watching(ps, hard_exit.exit_now)
+
+
 def _stuck_step(task: Task, deadline: StepDeadline) -> str:
     """What to say when a step waited `timeout_secs` for its peers: those not answering."""
     others = {
@@ -115,7 +125,7 @@ def _stuck_step(task: Task, deadline: StepDeadline) -> str:
         for i, a in enumerate(task.cluster.get(job, ()))
         if (job, i) != (task.job_name, task.task_index)
     }
-    silent = [f"{name} at {a}" for name, a in others.items() if not accepts(a)]
+    silent = [f"{name} at {a}" for name, a in liveness.not_answering(others).items()]
     who = f"not answering: {', '.join(silent)}" if silent else "every peer answers"
     secs, key = deadline.current
     return (
@@ -279,55 +289,6 @@ def _quiet_cancelled_queue_runners() -> None:
             default(args)
 
     threading.excepthook = hook
-
-
-class PeerWatch:
-    """While in its `with` block, ends the process with status 138 once any of `peers`
-    has refused TCP connections for `timeout_secs` on end; one that answers again in
-    time (a restarted ps) starts its clock afresh.
-
-    A hard exit, from a daemon thread: MonitoredSession's retries run in C++ calls
-    a Python exception cannot interrupt, and nothing can be saved without the ps.
-    """
-
-    def __init__(self, peers: dict[str, str], timeout_secs: float, write: Callable[[str], None]):
-        self._peers = peers
-        self._timeout = timeout_secs
-        self._write = write
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="PeerWatch", daemon=True)
-
-    def __enter__(self) -> PeerWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
-
-    def _watch(self) -> None:
-        lost_since: dict[str, float] = {}
-        while not self._done.wait(1.0):
-            for name, address in self._peers.items():
-                if accepts(address):
-                    if lost_since.pop(name, None) is not None:
-                        self._write(f"{name} at {address} answers again")
-                    continue
-                now = time.monotonic()
-                if name not in lost_since:
-                    lost_since[name] = now
-                    self._write(f"lost {name} at {address}; waiting up to {self._timeout:g} s "
-                                "(cluster.reconnect_timeout_secs) for it to come back")
-                elif now - lost_since[name] >= self._timeout and not self._done.is_set():
-                    self._give_up(name, address)
-
-    def _give_up(self, name: str, address: str) -> None:
-        print(f"towers: error: cluster: {name} at {address} has not answered for "
-              f"{self._timeout:g} s (cluster.reconnect_timeout_secs); giving up. Restart it, "
-              "then this task: training resumes from the last checkpoint",
-              file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(EXIT_PEER_UNAVAILABLE)
 
 
 def identity(job: JobConfig, task: Task) -> metrics.Identity:
