@@ -3,18 +3,24 @@ where it does not fit a job whose workers start and restart on their own.
 
     wrap(...)             wraps the job's optimizer; each worker's local step on itself
     session_hook(...)     the optimizer's hook, with no tokens handed out at the start
-    quiet_cancelled_queue_runners()  the chief's cancelled queue runner, without a traceback
+    queue_runner_quiet()  the chief's cancelled queue runner, without a traceback
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
+from collections.abc import Iterator
 
 import tensorflow as tf
 
 from launch.distributed.cluster_spec import ClusterError, Task
 
 V1 = tf.compat.v1
+
+QUEUE_RUNNER_WAIT_SECS = 5.0  # for the chief's runner to end once its session has closed
+
 
 class SyncReplicas(V1.train.SyncReplicasOptimizer):
     """TensorFlow's SyncReplicasOptimizer with each worker's local step on that worker.
@@ -62,17 +68,39 @@ def session_hook(sync: SyncReplicas, is_chief: bool) -> V1.train.SessionRunHook:
     return sync.make_session_run_hook(is_chief, num_tokens=0)
 
 
-def quiet_cancelled_queue_runners() -> None:
-    """Don't print a traceback for the sync chief's queue runner cancelled at shutdown.
+@contextlib.contextmanager
+def queue_runner_quiet() -> Iterator[None]:
+    """While in the block (a synchronous chief's training), a queue runner's thread
+    ended by CancelledError prints no traceback; any other thread's error still does.
 
-    Closing the chief's session cancels the runner's wait for gradients that
-    stopped workers will never send; that ending is expected.
+    Closing the chief's session cancels its queue runner's wait for gradients that
+    stopped workers will never send: an expected ending, which TensorFlow reports as
+    an uncaught exception in that thread (threading.excepthook), just after the
+    session has closed. So leaving the block first waits for those threads, at most
+    QUEUE_RUNNER_WAIT_SECS, then puts the previous excepthook back.
     """
-    default = threading.excepthook
+    previous = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:
         cancelled = isinstance(args.exc_value, tf.errors.CancelledError)
-        if not (cancelled and args.thread and args.thread.name.startswith("QueueRunnerThread")):
-            default(args)
+        if not (cancelled and _queue_runner(args.thread)):
+            previous(args)
 
     threading.excepthook = hook
+    try:
+        yield
+    finally:
+        _join_queue_runners(QUEUE_RUNNER_WAIT_SECS)
+        if threading.excepthook is hook:  # else someone replaced it since: theirs stays
+            threading.excepthook = previous
+
+
+def _queue_runner(thread: threading.Thread | None) -> bool:
+    return thread is not None and thread.name.startswith("QueueRunnerThread")
+
+
+def _join_queue_runners(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if _queue_runner(thread) and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))

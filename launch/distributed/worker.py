@@ -25,7 +25,7 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed import hard_exit, liveness
+from launch.distributed import hard_exit, liveness, sync_replicas
 from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
 from launch.distributed.server import start_server
 from launch.distributed.step_deadline import stuck_step
@@ -100,7 +100,7 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
               f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}")
-        with _watching_ps(task, job, write):
+        with _watching_ps(task, job, write), _quiet_queue_runner(task, job):
             role = WorkerRole(job, task, server, plan.session, write)
             return _train(job, task, plan, role, exporter, write)
 
@@ -114,6 +114,12 @@ def _watching_ps(task: Task, job: JobConfig,
     ps_tasks = {f"ps {i}": a for i, a in enumerate(task.cluster["ps"])}
     ps = liveness.Liveness(ps_tasks, liveness.worker_rule(job.cluster), write)
     return liveness.watching(ps, hard_exit.exit_now)
+
+
+def _quiet_queue_runner(task: Task, job: JobConfig) -> contextlib.AbstractContextManager:
+    """A sync chief's queue runner is cancelled when its session closes: say nothing."""
+    sync_chief = job.train.sync and task.is_chief
+    return sync_replicas.queue_runner_quiet() if sync_chief else contextlib.nullcontext()
 
 
 def _train(job: JobConfig, task: Task, plan: Plan, role: WorkerRole,

@@ -56,7 +56,6 @@ class WorkerRole(Role):
         self._end = JobEndHook(self._task, release, self._write)
         if self._sync is None:
             return [self._end, self.deadline]
-        sync_replicas.quiet_cancelled_queue_runners()
         sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
         return [self._end, sync, self.deadline]
 
