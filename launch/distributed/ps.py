@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed.cluster_spec import Task, accepts
+from launch.distributed.cluster_spec import Task
 from launch.distributed.ending import finished_queue
+from launch.distributed.liveness import Liveness, ps_rule
 from launch.distributed.server import start_server
 from launch.distributed.worker import identity, worker_plan
-from launch.errors import PeerUnavailable
 from launch.log import log
 from launch.runtime.signals import StopSignals, ignore_from_now
 from launch.runtime.train import build_training_graph
@@ -69,7 +69,7 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     reported: set[int] = set()
     first_report = None
     poll = V1.RunOptions(timeout_in_ms=500)
-    workers = _WorkersSeen(task, job.cluster)
+    workers = Liveness(_workers_by_rank(task), ps_rule(job.cluster), write)
     ending = _Ending(job.cluster, workers, write)
     with StopSignals() as stop, V1.Session(server.target, graph=graph, config=config) as sess:
         while len(reported) < task.num_workers:
@@ -92,7 +92,7 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
 class _Ending:
     """When a ps stops waiting for workers that have not reported finished."""
 
-    def __init__(self, cfg, workers: _WorkersSeen, write: Callable[[str], None]) -> None:
+    def __init__(self, cfg, workers: Liveness, write: Callable[[str], None]) -> None:
         self._cfg = cfg
         self._workers = workers
         self._write = write
@@ -127,42 +127,11 @@ class _Ending:
         return min(STOP_WAIT_SECS, self._cfg.shutdown_grace_secs)
 
     def _any_answers(self, missing: list[int]) -> bool:
-        return any(self._workers.answers(rank) for rank in missing)
+        names = list(self._workers.peers)
+        return self._workers.any_answers(names[rank] for rank in missing)
 
 
-class _WorkersSeen:
-    """For a ps task: raise PeerUnavailable once no worker has accepted a connection for
-    the reconnect timeout (the startup timeout until one first has), since workers that
-    all died will never report finished."""
-
-    def __init__(self, task: Task, cfg) -> None:
-        self._workers = {  # by worker rank: the chief (if any) first
-            f"{job} {i}": a
-            for job in ("chief", "worker")
-            for i, a in enumerate(task.cluster.get(job, ()))
-        }
-        self._by_rank = list(self._workers.values())
-        self._startup, self._reconnect = cfg.startup_timeout_secs, cfg.reconnect_timeout_secs
-        self._last_seen = time.monotonic()
-        self._seen_any = False
-        self._next_check = 0.0
-
-    def answers(self, rank: int) -> bool:
-        return accepts(self._by_rank[rank])
-
-    def check(self) -> None:
-        now = time.monotonic()
-        if now < self._next_check:
-            return
-        self._next_check = now + 1.0
-        if any(accepts(a) for a in self._workers.values()):
-            self._last_seen, self._seen_any = now, True
-            return
-        limit = self._reconnect if self._seen_any else self._startup
-        if now - self._last_seen > limit:
-            key = "reconnect" if self._seen_any else "startup"
-            raise PeerUnavailable(
-                f"cluster: no worker has answered for {limit:g} s "
-                f"(cluster.{key}_timeout_secs): {', '.join(self._workers.values())}; "
-                "shutting down this ps"
-            )
+def _workers_by_rank(task: Task) -> dict[str, str]:
+    """Name -> address of every worker, in worker-rank order: the chief (if any) first."""
+    return {f"{job} {i}": a for job in ("chief", "worker")
+            for i, a in enumerate(task.cluster.get(job, ()))}

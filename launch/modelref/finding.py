@@ -1,7 +1,9 @@
 """Finding a model's code: `module:attribute`, or a name an installed package registers.
 
 Modules are looked for on sys.path, then in `model.path` and the job file's
-directory (appended, so the user's files never shadow an installed package).
+directory: those two are appended to sys.path, so the user's files never shadow an
+installed package, and stay there for the rest of the process, so the user's code
+can import its sibling modules when it is called, not only when it is imported.
 Installed packages register names in the entry-point group `towers.models`:
 
     [options.entry_points]            # the package's setup.cfg
@@ -126,6 +128,15 @@ def import_attribute(reference: str, dirs: Sequence[str], ours: Sequence[str]) -
 
 
 def _extend_path(dirs: Sequence[str]) -> None:
+    """Append those of `dirs` not on sys.path yet, for the rest of the process.
+
+    For good, not only while the model's module is imported: the user's code may
+    import its sibling modules when it is called (a builder runs in every tower of
+    every graph: training, evaluation, export), as a script run with `python` may
+    import those beside it at any time. Appended, so the user's files never shadow
+    an installed package. A process resolves one job's model, so what it adds is
+    that job's model.path and job file directory.
+    """
     added = False
     for directory in dirs:
         if directory not in sys.path:

@@ -3,6 +3,7 @@ parameters, declared inputs, and the user's own errors reported as theirs."""
 
 import dataclasses
 import itertools
+import sys
 import textwrap
 
 import keras
@@ -131,6 +132,20 @@ def test_what_cannot_be_used_is_named(tmp_path, reference, params, says, param):
         resolve(reference.format(m=name), job_dir=folder, **params)
     assert says in str(info.value)
     assert info.value.param == param
+
+
+def test_a_models_code_may_import_its_siblings_when_it_is_called(tmp_path, graph):
+    # As a script run with `python` may: the directories searched stay on sys.path,
+    # after the installed packages, not only while the model's module is imported.
+    sibling = f"user_layers_{next(_unique)}"
+    name, folder = user_module(tmp_path, f"def build():\n    import {sibling}\n"
+                                         f"    return {sibling}.model_fn\n")
+    (tmp_path / "code" / f"{sibling}.py").write_text(textwrap.dedent(MODEL_FILE))
+    model = resolve(f"{name}:build", job_dir=folder)
+    assert sys.path[-1] == folder
+    loss = model.model_fn(tf.zeros([4, 4]), tf.zeros([4], tf.int32),
+                          towers.TowerContext(0, 1, "/cpu:0", True))
+    assert loss.shape == ()
 
 
 def test_load_job_blames_the_parameter_in_the_job_file(tmp_path):

@@ -1,0 +1,81 @@
+"""What the training loop asks of a ps/worker worker (launch.runtime.role.Role)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+import towers
+from launch.config import JobConfig
+from launch.distributed import sync_replicas
+from launch.distributed.chief_wait import wait_for_chief
+from launch.distributed.cluster_spec import Task
+from launch.distributed.ending import JobEndHook, report_finished, tell_diverged
+from launch.distributed.step_deadline import StepDeadline
+from launch.log import log
+from launch.runtime.role import Role
+
+V1 = tf.compat.v1
+
+
+class WorkerRole(Role):
+    """A worker of a ps/worker job: its server's session, chief or not, synchronous or not.
+
+    The sync chief's queue-runner thread may be blocked for good on gradients
+    from workers that have already stopped, so closing waits only briefly for it:
+    by then the final checkpoint is written.
+    deadline: the StepDeadline hook bounding every step.
+    """
+
+    def __init__(self, job: JobConfig, task: Task, server, session: V1.ConfigProto,
+                 write: Callable[[str], None] = log):
+        super().__init__(
+            master=server.target,
+            is_chief=task.is_chief,
+            writes=task.is_chief,
+            max_wait_secs=job.cluster.startup_timeout_secs,
+            stop_grace_secs=1.0,
+        )
+        self._job, self._task, self._session = job, task, session
+        self._write = write
+        self._sync: sync_replicas.SyncReplicas | None = None
+        self._end: JobEndHook | None = None
+        self.deadline = StepDeadline(job.cluster)
+
+    def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
+        if not self._job.train.sync:
+            return optimizer
+        self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
+        return self._sync
+
+    def hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
+        release = None
+        if self._sync is not None:
+            release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
+        self._end = JobEndHook(self._task, release, self._write)
+        if self._sync is None:
+            return [self._end, self.deadline]
+        sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
+        return [self._end, sync, self.deadline]
+
+    def before_session(self, config: V1.ConfigProto) -> None:
+        if self.is_chief:
+            self._end.clear(self.master, config)
+        else:
+            wait_for_chief(self.master, config, self.max_wait_secs)
+
+    def unblock_op(self) -> tf.Operation | None:
+        """One token, for this worker's own blocked step (see StopOnSignalHook)."""
+        return None if self._sync is None else self._sync.get_init_tokens_op(num_tokens=1)
+
+    def finish(self, result: dict) -> dict:
+        report_finished(self._task, self.master, self._session, self._write)
+        return {**result, "job": self._task.job_name, "task": self._task.task_index}
+
+    def diverged(self) -> None:
+        """This worker's session ended on a non-finite step, its own or another's: make
+        sure every worker stops, and tell the ps tasks this one is done."""
+        if self._end is not None and self._end.peer_diverged is None:
+            tell_diverged(self._end, self.master, self._session)
+        report_finished(self._task, self.master, self._session, self._write)
