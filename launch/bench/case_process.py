@@ -22,6 +22,7 @@ import time
 import traceback
 
 from launch.bench.cases import BuiltCase, build_towers_case
+from launch.bench.input_case import build_input_case
 from launch.bench.mirrored import build_mirrored_case
 from launch.bench.settings import FLOAT32, RUN_TIMEOUT_SECS, Settings, Variant
 from launch.log import quiet_tensorflow
@@ -44,8 +45,6 @@ def build_case(spec: dict) -> BuiltCase:
     notices stay out of the bench's output."""
     quiet_tensorflow()  # also switches to graph mode, which the towers rows use
     if spec.get("input"):
-        from launch.bench.input import build_input_case
-
         return build_input_case(spec)
     if spec["mode"] == "mirrored":
         import tensorflow as tf
