@@ -33,7 +33,7 @@ from launch.cli_help import (
     EPILOG_VALIDATE,
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
-from launch.log import log, quiet_tensorflow
+from launch.log import log, quiet_tensorflow, use_graph_mode
 from launch.runtime.signals import StopSignals
 
 
@@ -251,10 +251,19 @@ def _load(args):
 
 def _check_model(model) -> None:
     """Resolve the model, the first step of loading a job that needs TensorFlow."""
-    quiet_tensorflow()
+    _start_tensorflow()
     from launch import modelref
 
     modelref.check(model)
+
+
+def _start_tensorflow() -> None:
+    """TensorFlow as every command takes it: imported quietly, in graph mode. Every
+    command resolves the job's model, whose code is written for graph mode (it may build
+    ops as it is imported), so each switches before resolving it, whether or not it
+    goes on to build a graph itself."""
+    quiet_tensorflow()
+    use_graph_mode()
 
 
 def _print_json(result: dict) -> None:
@@ -411,7 +420,7 @@ def _run(args) -> int:
     # A job file's mistakes are found before TensorFlow is imported (seconds of a
     # process's start-up), so they are reported at once.
     job = _load(args)
-    quiet_tensorflow()
+    _start_tensorflow()
     return HANDLERS[args.command](args, job)
 
 
