@@ -29,6 +29,7 @@ images, ``images``) into a temporary directory, builds each row once in its own 
 
 from __future__ import annotations
 
+import datetime
 import shutil
 import statistics
 import tempfile
@@ -39,6 +40,7 @@ import numpy as np
 from launch.bench.case_process import CaseProcess
 from launch.bench.images import encode_jpegs, smooth_images
 from launch.bench.jpeg import decode_costs, decode_report
+from launch.bench.report import describe_run, heading
 from launch.bench.settings import Row, Settings
 
 INPUTS = ("synthetic", "tfrecord float", "tfrecord raw", "jpeg")
@@ -194,10 +196,13 @@ def input_report(training: list[Row], alone: list[Row]) -> str:
 
 
 def input_bench(settings: Settings, write: Callable[[str], None]) -> str:
-    """The whole --input report: the rows, then JPEG decoding's cost per image at the
-    rows' JPEG size and at a photograph's (448 px), decoded then cropped and fused."""
+    """The whole --input report under the run's heading: the rows, then JPEG decoding's
+    cost per image at the rows' JPEG size and at a photograph's (448 px), decoded then
+    cropped and fused."""
+    started = datetime.datetime.now(datetime.UTC)
     training, alone = run_input(settings, write)
     height, _, channels = input_spec_of(settings).feature_shape
     write("timing JPEG decoding alone, one image at a time")
     decode = decode_costs((JPEG_SCALE * height, PHOTO_SIDE), channels)
-    return input_report(training, alone) + "\n\n" + decode_report(decode)
+    report = input_report(training, alone) + "\n\n" + decode_report(decode)
+    return heading(describe_run(settings, {}, started)) + "\n\n" + report
