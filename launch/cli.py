@@ -1,7 +1,9 @@
 """The `towers` command: parse the arguments, load the job once, run the command's handler.
 
 Commands: train, eval, validate, devices, ps, worker, evaluator, local-cluster,
-export, bench, data convert.
+export, bench, data convert. `towers bench` is a package of its own, which defines
+its options and handler (launch.bench.add_arguments and launch.bench.run); the other
+commands' options and handlers are here.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 2 bad input (job file, flags, data, devices, checkpoint directory, ports), one
@@ -15,12 +17,12 @@ restart the task).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
+from launch import bench
 from launch.cli_help import (
     EPILOG_BENCH,
     EPILOG_CONVERT,
@@ -33,7 +35,7 @@ from launch.cli_help import (
     EPILOG_VALIDATE,
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
-from launch.log import log, quiet_tensorflow
+from launch.log import log, quiet_tensorflow, use_graph_mode
 from launch.runtime.signals import StopSignals
 
 
@@ -95,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         _cluster_args(_job_command(commands, role, text, EPILOG_ROLES))
     _local_cluster_parser(commands)
     _export_parser(commands)
-    _bench_args(_job_command(commands, "bench", "compare throughput and memory across modes",
-                             EPILOG_BENCH))
+    bench.add_arguments(_job_command(commands, "bench",
+                                     "compare throughput and memory across modes", EPILOG_BENCH))
     _data_parser(commands)
     return parser
 
@@ -198,51 +200,6 @@ def _data_parser(commands) -> None:
                          help="text: tokens per example (default 20, lstm_lm's num_steps)")
 
 
-def _bench_args(parser: argparse.ArgumentParser) -> None:
-    from launch.bench import MODES
-
-    parser.add_argument("--model", metavar="NAME",
-                        help="model to measure, with its defaults (default: the job's model)")
-    parser.add_argument("--batch", type=int, metavar="N",
-                        help="global batch of every row (default: train.batch_size)")
-    parser.add_argument("--towers", metavar="N,...",
-                        help="device counts; 1 is always included (default 1,2,4)")
-    parser.add_argument("--modes", default=",".join(MODES), metavar="MODE,...",
-                        help=f"from {', '.join(MODES)} (default: all)")
-    parser.add_argument("--precision", metavar="P,...",
-                        help="rows in each of float32, mixed_bfloat16, mixed_float16 "
-                        "(default float32); the first is the base of 'ratio to base variant'")
-    parser.add_argument("--accumulate", metavar="K,...",
-                        help="rows with each train.accumulate_steps (default 1); with --memory, "
-                        "peak RSS of each against 1")
-    parser.add_argument("--xla", metavar="off,on", help="rows without and/or with XLA "
-                        "(default off)")
-    parser.add_argument("--gradient-dtype", metavar="T,...",
-                        help="rows sending gradients in each of float32, bfloat16, float16 "
-                        "(default float32)")
-    parser.add_argument("--steps", type=int, metavar="N", help="steps per timed block (default 20)")
-    parser.add_argument("--warmup", type=int, metavar="N",
-                        help="steps discarded first (default 10)")
-    parser.add_argument("--repeats", type=int, metavar="N",
-                        help="timed blocks per row, interleaved across rows (default 5)")
-    parser.add_argument("--runs", type=int, metavar="N",
-                        help="whole runs per ps_worker/horovod row (default: --repeats)")
-    parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
-    parser.add_argument("--quick", action="store_true",
-                        help="devices 1,2, 3 blocks of 10 steps, one run per multi-process row: "
-                        "a check that every mode runs, not a benchmark")
-    parser.add_argument(
-        "--input", action="store_true",
-        help="instead: training fed by synthetic data, pre-decoded TFRecords (float and "
-        "uint8) and JPEG TFRecords, on 1 device (or --towers), and each input alone",
-    )
-    parser.add_argument(
-        "--memory", type=int, nargs="?", const=5000, metavar="STEPS",
-        help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
-        "STEPS (default 5000) steps of towers train",
-    )
-
-
 def _load(args):
     from launch.config import load_job
 
@@ -251,10 +208,19 @@ def _load(args):
 
 def _check_model(model) -> None:
     """Resolve the model, the first step of loading a job that needs TensorFlow."""
-    quiet_tensorflow()
+    _start_tensorflow()
     from launch import modelref
 
     modelref.check(model)
+
+
+def _start_tensorflow() -> None:
+    """TensorFlow as every command takes it: imported quietly, in graph mode. Every
+    command resolves the job's model, whose code is written for graph mode (it may build
+    ops as it is imported), so each switches before resolving it, whether or not it
+    goes on to build a graph itself."""
+    quiet_tensorflow()
+    use_graph_mode()
 
 
 def _print_json(result: dict) -> None:
@@ -353,17 +319,6 @@ def _local_cluster(args, job) -> int:
     )
 
 
-def _bench(args, job) -> int:
-    from launch.bench import bench
-
-    report, failed = bench(_bench_settings(args, job), args.memory, log, args.input)
-    print(report, flush=True)
-    if failed:
-        log(f"error: {', '.join(failed)} failed (the reasons are in the table)")
-        return 1
-    return EXIT_OK
-
-
 def _data_convert(args, job) -> int:
     from launch.data import converters
 
@@ -398,7 +353,7 @@ HANDLERS = {
     "worker": _cluster_task,
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
-    "bench": _bench,
+    "bench": bench.run,
     "data": _data_convert,
     "export": _export,
     "validate": _validate,
@@ -411,50 +366,8 @@ def _run(args) -> int:
     # A job file's mistakes are found before TensorFlow is imported (seconds of a
     # process's start-up), so they are reported at once.
     job = _load(args)
-    quiet_tensorflow()
+    _start_tensorflow()
     return HANDLERS[args.command](args, job)
-
-
-# The data keys `towers bench --input` takes from the job for its training rows.
-INPUT_PIPELINE_KEYS = ("num_parallel_calls", "prefetch", "threads", "shuffle_buffer")
-
-
-def _bench_settings(args, job):
-    from launch import bench
-
-    quick = bench.QUICK if args.quick else {}
-    defaults = {"towers": (1,) if args.input else (1, 2, 4), "steps": 20, "warmup": 10,
-                "repeats": 5, **quick}
-    name = args.model or job.model.name
-    params = dict(job.model.params) if name == job.model.name else {}
-    bench.check_model(dataclasses.replace(job.model, name=name, params=params),
-                      "--model" if args.model else "model.name")
-    job_args = (["-c", args.config] if args.config else []) + [
-        a for o in args.overrides for a in ("--set", o)
-    ]
-    settings = bench.Settings(
-        model=name,
-        params=params,
-        batch=args.batch or job.train.batch_size,
-        towers=bench.parse_towers(args.towers) if args.towers else defaults["towers"],
-        modes=bench.parse_modes(args.modes),
-        steps=args.steps if args.steps is not None else defaults["steps"],
-        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
-        repeats=args.repeats if args.repeats is not None else defaults["repeats"],
-        job_args=tuple(job_args),
-        out=args.out,
-        run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
-        variants=bench.parse_variants(args.precision, args.accumulate, args.xla,
-                                      args.gradient_dtype),
-        data_options={key: getattr(job.data, key) for key in INPUT_PIPELINE_KEYS},
-        model_path=job.model.path,
-        job_dir=job.model.job_dir,
-    )
-    bench.check_settings(settings)
-    bench.check_installed(settings)
-    if args.memory is not None:
-        bench.check_memory(settings, args.memory)
-    return settings
 
 
 class _StoppedBeforeStart(Exception):

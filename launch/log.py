@@ -1,5 +1,10 @@
 """Progress and notices go to stderr, so stdout stays one JSON line per run; TensorFlow's
-own start-up notices are kept out of both."""
+own start-up notices are kept out of both.
+
+How a towers process starts TensorFlow is here too, as two steps: `quiet_tensorflow()`
+imports it without its chatter, and `use_graph_mode()` is where a process that builds
+tf.compat.v1 graphs says so.
+"""
 
 from __future__ import annotations
 
@@ -65,7 +70,7 @@ _quieted = False
 
 
 def quiet_tensorflow() -> None:
-    """Import TensorFlow in graph mode with its start-up chatter kept off stderr.
+    """Import TensorFlow with its start-up chatter kept off stderr.
 
     Every process towers starts calls this first (the commands, bench's case
     processes): the chatter would drown the one line a user needs to read.
@@ -80,4 +85,18 @@ def quiet_tensorflow() -> None:
     tf = _import_tensorflow_quietly()
 
     tf.get_logger().setLevel(logging.ERROR)
+
+
+def use_graph_mode() -> None:
+    """This process builds tf.compat.v1 graphs and runs them in sessions: eager execution off.
+
+    TensorFlow 2 starts eager and the mode holds for the whole process, so this is a
+    step of its own where such a process starts, before it builds anything: the
+    commands (launch.cli), the bench's case processes and its overhead run. The bench's
+    mirrored row, TF2 code, runs in a process that never takes it. Call
+    quiet_tensorflow() first where stderr matters: this imports TensorFlow if nothing
+    has yet.
+    """
+    import tensorflow as tf
+
     tf.compat.v1.disable_eager_execution()

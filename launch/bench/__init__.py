@@ -1,6 +1,11 @@
 """`towers bench`: examples/sec of one model in every way this project (or TensorFlow)
 can spread it over N devices, side by side, plus a host-memory report.
 
+The CLI calls two functions of this package: `add_arguments(parser)` for the command's
+options, and `run(args, job)`, which turns them into Settings, runs the report they ask
+for, prints it and returns the exit status. `bench(settings, ...)` is the same without
+the command line.
+
 Rows, each at the same global batch and model, on synthetic inputs:
   1 device          one tower (`towers.build_train_op` on one device)
   parameter_server  N in-process towers, one copy of each variable on /cpu:0
@@ -11,53 +16,49 @@ Rows, each at the same global batch and model, on synthetic inputs:
   horovod           `horovodrun -np N --gloo`, N ranks of `towers train --backend horovod`
 
 Each row is measured in every variant (--precision, --accumulate, --xla,
---gradient-dtype), the variants of one mode and device count side by side. A peak
-matmul per number type the variants compute in is timed among the rows, for each
-row's share of this machine's peak FLOP/s.
+--gradient-dtype), the variants of one mode and device count side by side. Warm-up
+steps are discarded everywhere; the figures are the median of the timed blocks with
+min and max.
 
-The in-process rows run in one long-lived subprocess per row, which builds its
-graph once and times a block of steps when asked, so the blocks can be
-interleaved across rows (A B C A B C ...) and each row's peak RSS is its own.
-The multi-process rows time whole `towers` runs, one per block. Warm-up steps
-are discarded everywhere; the figures are the median of the blocks with min and max.
+Modules, each one job, the reports first:
+  settings      the options, their defaults and checks; Settings, Variant and Row
+  throughput    the main table: plans the rows, interleaves their timed blocks
+  memory        --memory: peak RSS of 8 towers against 1, and over a long run
+  input         --input: training fed by each kind of input, and each input alone
+  jpeg          --input's JPEG table: what decoding costs, fused with the crop or not
+  report        the table, bench.csv / .json / .png, the facts about the run
+then what they run:
+  case_process  an in-process row's own subprocess, timing blocks when asked
+  cases         the towers rows, and what every in-process row shares (BuiltCase)
+  mirrored      the MirroredStrategy row (eager: its process never takes graph mode)
+  input_case    an --input row, in its case process
+  images        the random pictures and JPEGs --input reads
+  runs          the multi-process rows: whole `towers` runs
+  limits        FLOPs per step, the peak matmul, the CPU's 16-bit flags
+and overhead, the metrics exporter's own benchmark (python -m launch.bench.overhead).
 
-Modules, each one job: settings (what to measure, the option checks), cases
-(the towers rows), mirrored (the MirroredStrategy row), case_process (an
-in-process row's subprocess), runs (the multi-process rows), limits (FLOPs per
-step, the peak matmul, the CPU's 16-bit flags), report (table, files, machine),
-memory (--memory), input and jpeg (--input: training fed by each kind of input,
-each input alone, JPEG decoding's cost); overhead is the metrics exporter's own
-benchmark. This module plans the rows and interleaves their blocks.
+Importing this package imports no TensorFlow: the CLI imports it to build its parser
+before any job file is checked.
 """
 
 from __future__ import annotations
 
-import datetime
+import argparse
 from collections.abc import Callable
 
-from launch.bench.case_process import CaseProcess, case_spec
 from launch.bench.cases import build_towers_case
 from launch.bench.input import input_bench
-from launch.bench.limits import PEAK_SIZE, Peak, number_type_notes
 from launch.bench.memory import run_memory
-from launch.bench.mirrored import UNSUPPORTED, TF1StyleVariables, build_mirrored_case
-from launch.bench.report import (
-    describe_run,
-    gradient_bytes,
-    markdown_table,
-    peak_text,
-    write_outputs,
-)
-from launch.bench.runs import ClusterCase, cluster_rate, horovod_missing
+from launch.bench.mirrored import TF1StyleVariables, build_mirrored_case
+from launch.bench.runs import cluster_rate
 from launch.bench.settings import (
-    IN_PROCESS_MODES,
     MODES,
     QUICK,
-    SINGLE,
     BenchError,
     Row,
     Settings,
     Variant,
+    add_arguments,
     check_installed,
     check_memory,
     check_model,
@@ -65,7 +66,12 @@ from launch.bench.settings import (
     parse_modes,
     parse_towers,
     parse_variants,
+    settings_from_args,
 )
+from launch.bench.throughput import plan_rows, run_bench, throughput_report
+from launch.config import JobConfig
+from launch.errors import EXIT_OK
+from launch.log import log
 
 __all__ = [
     "MODES",
@@ -75,6 +81,7 @@ __all__ = [
     "Settings",
     "TF1StyleVariables",
     "Variant",
+    "add_arguments",
     "bench",
     "build_mirrored_case",
     "build_towers_case",
@@ -87,152 +94,32 @@ __all__ = [
     "parse_towers",
     "parse_variants",
     "plan_rows",
+    "run",
     "run_bench",
+    "settings_from_args",
 ]
 
-
-def plan_rows(settings: Settings) -> list[Row]:
-    """The 1-device baseline, then every mode at each device count above 1; each in
-    every variant, the variants of one mode and count side by side."""
-    kinds = [(SINGLE, 1)] + [(mode, n) for n in settings.towers if n > 1
-                             for mode in settings.modes]
-    return [Row(mode, n, variant) for mode, n in kinds for variant in settings.variants]
+EXIT_ROWS_FAILED = 1  # a row's runs failed; the table says why
 
 
-def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], dict]:
-    """Measure every row; returns the rows and facts about the run (model, machine ...)."""
-    check_settings(settings)
-    started = datetime.datetime.now(datetime.UTC)
-    rows = plan_rows(settings)
-    cases: dict[int, CaseProcess | ClusterCase] = {}
-    peaks: dict[str, Peak] = {}
-    try:
-        facts = _start_cases(settings, rows, cases, peaks, write)
-        runs = settings.repeats if settings.run_repeats is None else settings.run_repeats
-        for repeat in range(settings.repeats):
-            write(f"round {repeat + 1}/{settings.repeats}")
-            for i, case in cases.items():
-                if isinstance(case, CaseProcess) or repeat < runs:
-                    _time_one(rows[i], case, settings)
-            for peak in peaks.values():
-                peak.time_block()
-        _finish_rows(rows, cases, facts)
-    finally:
-        processes = [case for case in cases.values() if isinstance(case, CaseProcess)]
-        for case in processes:
-            case.stop()
-        for case in [*processes, *peaks.values()]:
-            case.close()
-    about = describe_run(settings, facts[(SINGLE, settings.variants[0])], started)
-    about["peak_matmul"] = PEAK_SIZE
-    about["peak_flops"] = {t: p.median for t, p in peaks.items()}
-    about["number_types"] = number_type_notes(list(peaks))
-    return rows, about
-
-
-def _finish_rows(rows: list[Row], cases: dict, facts: dict) -> None:
-    """Gradient bytes, FLOPs per example and peak RSS of every row."""
-    for i, row in enumerate(rows):
-        single = facts.get((SINGLE, row.variant), {})
-        row.gradient_bytes = gradient_bytes(row.mode, row.devices, single["trainable_bytes"],
-                                            row.variant.gradient_dtype)
-        row.flops_per_example = single["step_flops"] / single["batch"]
-        if isinstance(cases.get(i), CaseProcess):
-            row.peak_rss_bytes = cases[i].peak_rss()
-
-
-def _start_cases(settings: Settings, rows: list[Row], cases: dict, peaks: dict,
-                 write: Callable[[str], None]) -> dict:
-    """Fills `cases` (row index -> its case; rows that cannot run here are marked
-    skipped instead) and `peaks` (number type -> its peak matmul, built here while the
-    rows build), waits for the in-process rows to build, and returns their graph facts
-    by (row mode, variant)."""
-    missing = horovod_missing() if "horovod" in settings.modes else None
-    for i, row in enumerate(rows):
-        row.skipped = cannot_run(row, missing)
-        if row.skipped:
-            continue
-        if row.mode in (SINGLE, *IN_PROCESS_MODES):
-            mode = "parameter_server" if row.mode == SINGLE else row.mode
-            cases[i] = CaseProcess(case_spec(settings, mode, row.devices, row.variant))
-        else:
-            cases[i] = ClusterCase(settings, row)
-    in_process = {i: case for i, case in cases.items() if isinstance(case, CaseProcess)}
-    number_types = list(dict.fromkeys(v.number_type for v in settings.variants))
-    write(f"building {len(in_process)} in-process rows (one process each) and "
-          f"{len(number_types)} peak matmul(s)")
-    for number_type in number_types:
-        peaks[number_type] = Peak(number_type)
-    facts = {}
-    for i, case in in_process.items():
-        try:
-            facts[(rows[i].mode, rows[i].variant)] = {**case.ready(), "batch": settings.batch}
-        except RuntimeError as err:
-            if rows[i].mode == SINGLE:
-                raise  # the baseline of every ratio
-            reason = str(err).strip().splitlines()[-1]
-            # The mirrored row cannot run a model with Keras layers: a skip, not a failure.
-            unsupported = UNSUPPORTED in reason
-            rows[i].skipped = reason.partition(": ")[2] if unsupported else f"failed: {reason}"
-            case.close()
-            del cases[i]
-    return facts
-
-
-def cannot_run(row: Row, horovod_missing_reason: str | None) -> str | None:
-    """Why `row` is skipped here, or None."""
-    variant = row.variant
-    if row.mode == "horovod" and horovod_missing_reason:
-        return horovod_missing_reason
-    if row.mode == "horovod" and variant.gradient_dtype == "bfloat16":
-        return "Horovod has no bfloat16 all-reduce"
-    if row.mode == "mirrored" and (variant.accumulate > 1 or variant.xla
-                                   or variant.gradient_dtype != "float32"
-                                   or variant.precision == "mixed_float16"):
-        return "the mirrored row runs float32 or mixed_bfloat16 only, without the other options"
-    return None
-
-
-def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings) -> None:
-    """One block of `row`: appends its examples/sec, or marks the row failed."""
-    if row.skipped:
-        return
-    if isinstance(case, CaseProcess):
-        seconds = case.time_block(settings.steps)
-        row.rates.append(settings.steps * settings.batch / seconds)
-        return
-    try:
-        row.rates.append(case.time_block())
-    except (RuntimeError, ValueError) as err:  # a failed run, or a result that did not parse
-        row.skipped = f"failed: {err}"
-        row.rates.clear()
+def run(args: argparse.Namespace, job: JobConfig) -> int:
+    """`towers bench`, as the CLI calls it: the options parsed by `add_arguments`, and the
+    job they were given with. Prints the report; returns the exit status."""
+    report, failed = bench(settings_from_args(args, job), args.memory, log, args.input)
+    print(report, flush=True)
+    if failed:
+        log(f"error: {', '.join(failed)} failed (the reasons are in the table)")
+        return EXIT_ROWS_FAILED
+    return EXIT_OK
 
 
 def bench(settings: Settings, memory_steps: int | None,
           write: Callable[[str], None], input_rows: bool = False) -> tuple[str, list[str]]:
-    """The whole command: the table (or the memory or input report) as markdown, and
-    the rows whose runs failed (as "mode on N devices"), which make the command exit 1."""
+    """The report asked for as markdown (the throughput table, or with `memory_steps`
+    the memory report, or with `input_rows` the input report), and the rows whose runs
+    failed (as "mode on N devices (variant)"), which make the command exit 1."""
     if memory_steps is not None:
         return run_memory(settings, memory_steps, write), []
     if input_rows:
-        started = datetime.datetime.now(datetime.UTC)
-        report = input_bench(settings, write)
-        about = describe_run(settings, {}, started)
-        return (f"model {about['model']}, global batch {about['global_batch']}, "
-                f"{about['repeats']} blocks of {about['steps_per_block']} steps after "
-                f"{about['warmup_steps']} warm-up steps; {about['machine']}; TensorFlow "
-                f"{about['tensorflow']}; {about['date']}\n\n" + report), []
-    rows, about = run_bench(settings, write)
-    text = (f"model {about['model']}, global batch {about['global_batch']}, "
-            f"{about['repeats']} blocks of {about['steps_per_block']} steps after "
-            f"{about['warmup_steps']} warm-up steps; {about['machine']}; "
-            f"TensorFlow {about['tensorflow']}; {about['date']}\n{peak_text(about)}\n\n"
-            + markdown_table(rows, about["peak_flops"]))
-    if settings.out:
-        for path in write_outputs(settings.out, rows, about):
-            write(f"wrote {path}")
-    failed = [f"{r.mode} on {r.devices} devices ({r.variant.label})" for r in rows
-              if r.skipped and r.skipped.startswith("failed:")]
-    return text, failed
-
-
+        return input_bench(settings, write), []
+    return throughput_report(settings, write)

@@ -22,9 +22,11 @@ import time
 import traceback
 
 from launch.bench.cases import BuiltCase, build_towers_case
+from launch.bench.input_case import build_input_case
 from launch.bench.mirrored import build_mirrored_case
 from launch.bench.settings import FLOAT32, RUN_TIMEOUT_SECS, Settings, Variant
-from launch.log import quiet_tensorflow
+from launch.config import ModelConfig
+from launch.log import quiet_tensorflow, use_graph_mode
 
 BUILD_TIMEOUT_SECS = 600  # one in-process row: TensorFlow import, graph build, warm-up
 
@@ -41,19 +43,14 @@ def case_spec(settings: Settings, mode: str, devices: int,
 def build_case(spec: dict) -> BuiltCase:
     """The row `spec` describes, built in this process, which has not imported
     TensorFlow yet; imported as every `towers` command imports it, so its start-up
-    notices stay out of the bench's output."""
-    quiet_tensorflow()  # also switches to graph mode, which the towers rows use
+    notices stay out of the bench's output. Every row but mirrored builds graphs; the
+    mirrored row is TF2 code, and stays in the eager mode TensorFlow starts in."""
+    quiet_tensorflow()
+    if spec["mode"] != "mirrored":
+        use_graph_mode()
     if spec.get("input"):
-        from launch.bench.input import build_input_case
-
         return build_input_case(spec)
-    if spec["mode"] == "mirrored":
-        import tensorflow as tf
-
-        # The mirrored row is TF2 code; no graph has been built yet, so this is allowed.
-        tf.compat.v1.enable_eager_execution()
     from launch import modelref
-    from launch.config import ModelConfig
 
     model = modelref.resolve(ModelConfig(spec["model"], spec["params"], spec["model_path"],
                                          spec["job_dir"]))

@@ -53,12 +53,12 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int,
                       variant: Variant = FLOAT32) -> BuiltCase:
     """A session running `towers.build_train_op` on /cpu:0../cpu:N-1 with the batch held
     in the graph (no input pipeline cost, as tf_cnn_benchmarks does), computing as
-    `variant` says. facts["step_flops"]: the profiler's count for one step."""
+    `variant` says, in a process in graph mode (launch.log.use_graph_mode).
+    facts["step_flops"]: the profiler's count for one step."""
     import tensorflow as tf
 
     import towers
 
-    tf.compat.v1.disable_eager_execution()
     x, y = synthetic_batch(model.input_spec, batch)
     graph = tf.Graph()
     with graph.as_default():

@@ -22,14 +22,14 @@ to keep up.
 The job's pipeline keys (``data.num_parallel_calls``, ``prefetch``, ``threads``,
 ``shuffle_buffer``, from ``-c`` / ``--set``) apply to every training row, so two
 settings can be compared by two runs. The bench writes the data (from random smooth
-images) into a temporary directory,
-builds each row once in its own process and interleaves timed blocks across rows,
-as the other rows of `towers bench` do.
+images, ``images``) into a temporary directory, builds each row once in its own process
+(``input_case``) and interleaves timed blocks across rows, as the other rows of
+`towers bench` do.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
 import shutil
 import statistics
 import tempfile
@@ -37,7 +37,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from launch.bench.cases import BuiltCase
+from launch.bench.case_process import CaseProcess
+from launch.bench.images import encode_jpegs, smooth_images
+from launch.bench.jpeg import decode_costs, decode_report
+from launch.bench.report import describe_run, heading
 from launch.bench.settings import Row, Settings
 
 INPUTS = ("synthetic", "tfrecord float", "tfrecord raw", "jpeg")
@@ -99,70 +102,6 @@ def write_inputs(spec, directory: str, count: int = EXAMPLES, seed: int = 0) -> 
     return sections
 
 
-def smooth_images(rng: np.random.Generator, count: int, height: int, width: int,
-                  channels: int) -> np.ndarray:
-    """uint8 [count, height, width, channels]: coarse random blobs plus a little noise,
-    so JPEG sizes are those of photographs rather than of noise or flat colour."""
-    coarse = rng.uniform(0, 255, (count, -(-height // 4), -(-width // 4), channels))
-    blocks = coarse.repeat(4, axis=1).repeat(4, axis=2)[:, :height, :width]
-    return np.clip(blocks + rng.normal(0, 12, blocks.shape), 0, 255).astype(np.uint8)
-
-
-def encode_jpegs(images: np.ndarray) -> list[bytes]:
-    import tensorflow as tf
-
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        image = tf.compat.v1.placeholder(tf.uint8, images.shape[1:])
-        jpeg = tf.io.encode_jpeg(image, quality=90)
-        return [session.run(jpeg, {image: one}) for one in images]
-
-
-def _job(spec: dict, pipeline_only: bool):
-    from launch.config import from_dict
-
-    data = {**spec.get("data_options", {}), **spec["data"]}
-    if pipeline_only:
-        data.update(num_parallel_calls=1, threads=1, prefetch=1)
-    job = from_dict({"model": {"name": spec["model"], **spec["params"]}, "data": data,
-                     "towers": {"devices": spec["devices"]},
-                     "train": {"batch_size": spec["batch"]}})
-    # Where the model's code is found, as the job that ran the bench found it.
-    model = dataclasses.replace(job.model, path=spec.get("model_path"),
-                                job_dir=spec.get("job_dir"))
-    return dataclasses.replace(job, model=model)
-
-
-def build_input_case(spec: dict) -> BuiltCase:
-    """One row in this (graph-mode) process: the job's training graph fed by its input
-    (``spec['data']``), or with ``spec['pipeline_only']`` the input alone on one thread."""
-    import tensorflow as tf
-
-    from launch.runtime.plan import input_tensors, make_plan
-    from launch.runtime.train import build_training_graph
-
-    plan = make_plan(_job(spec, spec["pipeline_only"]))
-    graph = tf.Graph()
-    with graph.as_default():
-        if spec["pipeline_only"]:
-            fetch = input_tensors(plan, training=True, batch_size=plan.batch_size)
-            init = tf.no_op()
-        else:
-            ops, _, _ = build_training_graph(plan)
-            fetch = ops.train_op
-            init = tf.group(tf.compat.v1.global_variables_initializer(),
-                            tf.compat.v1.local_variables_initializer())
-    session = tf.compat.v1.Session(graph=graph, config=plan.session)
-    session.run(init)
-    if not spec["pipeline_only"]:
-        session.run(ops.sync_op)
-
-    def run(steps: int) -> None:
-        for _ in range(steps):
-            session.run(fetch)
-
-    return BuiltCase(run, {}, dict, lambda values: None)
-
-
 def run_input(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], list[Row]]:
     """Measure every input row (training) and every file input alone; returns both."""
     spec = input_spec_of(settings)
@@ -194,8 +133,6 @@ def _alone(row: Row) -> bool:
 def _start_rows(settings: Settings, sections: dict[str, dict]) -> list:
     """(row, its process) for each input at each device count, then each file input
     alone."""
-    from launch.bench.case_process import CaseProcess
-
     cases = []
     for pipeline_only in (False, True):
         for name in INPUTS[1:] if pipeline_only else INPUTS:
@@ -259,12 +196,13 @@ def input_report(training: list[Row], alone: list[Row]) -> str:
 
 
 def input_bench(settings: Settings, write: Callable[[str], None]) -> str:
-    """The whole --input report: the rows, then JPEG decoding's cost per image at the
-    rows' JPEG size and at a photograph's (448 px), decoded then cropped and fused."""
-    from launch.bench.jpeg import decode_costs, decode_report
-
+    """The whole --input report under the run's heading: the rows, then JPEG decoding's
+    cost per image at the rows' JPEG size and at a photograph's (448 px), decoded then
+    cropped and fused."""
+    started = datetime.datetime.now(datetime.UTC)
     training, alone = run_input(settings, write)
     height, _, channels = input_spec_of(settings).feature_shape
     write("timing JPEG decoding alone, one image at a time")
     decode = decode_costs((JPEG_SCALE * height, PHOTO_SIDE), channels)
-    return input_report(training, alone) + "\n\n" + decode_report(decode)
+    report = input_report(training, alone) + "\n\n" + decode_report(decode)
+    return heading(describe_run(settings, {}, started)) + "\n\n" + report

@@ -15,6 +15,8 @@ import statistics
 
 import numpy as np
 
+from launch.bench.images import encode_jpegs, smooth_images
+
 IMAGES = 64
 PASSES = 5
 BATCHES_PER_PASS = 10
@@ -27,8 +29,6 @@ def _cpu_seconds() -> float:
 
 def decode_costs(sides: tuple[int, ...], channels: int = 3) -> list[dict]:
     """For JPEGs of each side: CPU ms per image decoded-then-cropped and fused."""
-    from launch.bench.input import encode_jpegs, smooth_images
-
     rng = np.random.default_rng(0)
     rows = []
     for side in sides:

@@ -82,7 +82,6 @@ class PeakRun:
     def __init__(self, number_type: str):
         import tensorflow as tf
 
-        tf.compat.v1.disable_eager_execution()
         graph = tf.Graph()
         with graph.as_default():
             dtype = tf.as_dtype(number_type)

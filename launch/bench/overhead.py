@@ -1,6 +1,6 @@
 """Steps/sec of real training jobs with the Prometheus exporter off and on.
 
-    python -m launch.metrics_overhead --jobs convnet,mlp --rounds 9
+    python -m launch.bench.overhead --jobs convnet,mlp --rounds 9
 
 Each job is built twice in one process, as `towers train` builds it (input
 pipeline, towers, ProgressHook): once without metrics, once with the metrics
@@ -20,6 +20,8 @@ import statistics
 import time
 import urllib.request
 from dataclasses import dataclass, field
+
+from launch.log import use_graph_mode
 
 # `convnet` is the built-in default job; `mlp` is a tiny MLP on synthetic data,
 # where a step is so short that any per-step cost shows.
@@ -136,9 +138,7 @@ def main(argv=None) -> None:
     parser.add_argument("--scrape-every", type=float, default=1.0, metavar="SECS")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    tf.compat.v1.disable_eager_execution()
+    use_graph_mode()
     lines = [
         "| job | metrics | steps/sec median | min | max | overhead | µs/step |",
         "| --- | --- | --- | --- | --- | --- | --- |",

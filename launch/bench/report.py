@@ -37,6 +37,15 @@ def describe_run(settings: Settings, single: dict,
     }
 
 
+def heading(about: dict) -> str:
+    """The line above the table and the --input report: what ran, where, when (about:
+    describe_run's)."""
+    return (f"model {about['model']}, global batch {about['global_batch']}, "
+            f"{about['repeats']} blocks of {about['steps_per_block']} steps after "
+            f"{about['warmup_steps']} warm-up steps; {about['machine']}; "
+            f"TensorFlow {about['tensorflow']}; {about['date']}")
+
+
 def machine() -> str:
     """'N cores (CPU model), M GiB'."""
     import psutil

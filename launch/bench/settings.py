@@ -1,17 +1,21 @@
-"""What `towers bench` measures: its settings, the report's rows, and the option checks.
+"""What `towers bench` measures: its options and their defaults, the settings they give,
+the report's rows, and the option checks.
 
-Parsed and checked once at the entry point (`launch.cli`); everything else takes a
-Settings and trusts it.
+`add_arguments` defines the command's options; `settings_from_args` parses and checks
+them, with the job, once at the entry point (`launch.bench.run`); everything else
+takes a Settings and trusts it.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import itertools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from launch.config import ModelConfig
+from launch.config import JobConfig, ModelConfig
 from launch.errors import BadInput
 
 MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "horovod")
@@ -19,9 +23,19 @@ IN_PROCESS_MODES = ("parameter_server", "replicated", "mirrored")
 SINGLE = "1 device"
 RUN_TIMEOUT_SECS = 900  # one whole multi-process run; bounded so a hung peer cannot stall us
 
+# What a row is measured with unless an option says otherwise; --input measures 1 device.
+DEFAULTS = {"towers": (1, 2, 4), "steps": 20, "warmup": 10, "repeats": 5}
+INPUT_TOWERS = (1,)
+
 # --quick: 1 and 2 devices, a few short blocks, and one whole run per multi-process
 # row (each costs tens of seconds of process start-up on 2 cores).
 QUICK = {"towers": (1, 2), "steps": 10, "warmup": 5, "repeats": 3, "run_repeats": 1}
+
+# --memory without a count: steps of the long `towers train` run.
+MEMORY_STEPS = 5000
+
+# The data keys `towers bench --input` takes from the job for its training rows.
+INPUT_PIPELINE_KEYS = ("num_parallel_calls", "prefetch", "threads", "shuffle_buffer")
 
 # --memory compares the host memory of this many towers against one.
 MEMORY_TOWERS = (1, 8)
@@ -121,6 +135,95 @@ class Row:
     @property
     def median(self) -> float | None:
         return statistics.median(self.rates) if self.rates else None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `towers bench`, beside the job's own (-c, --set)."""
+    parser.add_argument("--model", metavar="NAME",
+                        help="model to measure, with its defaults (default: the job's model)")
+    parser.add_argument("--batch", type=int, metavar="N",
+                        help="global batch of every row (default: train.batch_size)")
+    parser.add_argument("--towers", metavar="N,...",
+                        help="device counts; 1 is always included "
+                        f"(default {','.join(map(str, DEFAULTS['towers']))})")
+    parser.add_argument("--modes", default=",".join(MODES), metavar="MODE,...",
+                        help=f"from {', '.join(MODES)} (default: all)")
+    parser.add_argument("--precision", metavar="P,...",
+                        help="rows in each of float32, mixed_bfloat16, mixed_float16 "
+                        "(default float32); the first is the base of 'ratio to base variant'")
+    parser.add_argument("--accumulate", metavar="K,...",
+                        help="rows with each train.accumulate_steps (default 1); with --memory, "
+                        "peak RSS of each against 1")
+    parser.add_argument("--xla", metavar="off,on", help="rows without and/or with XLA "
+                        "(default off)")
+    parser.add_argument("--gradient-dtype", metavar="T,...",
+                        help="rows sending gradients in each of float32, bfloat16, float16 "
+                        "(default float32)")
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help=f"steps per timed block (default {DEFAULTS['steps']})")
+    parser.add_argument("--warmup", type=int, metavar="N",
+                        help=f"steps discarded first (default {DEFAULTS['warmup']})")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help="timed blocks per row, interleaved across rows "
+                        f"(default {DEFAULTS['repeats']})")
+    parser.add_argument("--runs", type=int, metavar="N",
+                        help="whole runs per ps_worker/horovod row (default: --repeats)")
+    parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"devices {','.join(map(str, QUICK['towers']))}, "
+                        f"{QUICK['repeats']} blocks of {QUICK['steps']} steps, one run per "
+                        "multi-process row: a check that every mode runs, not a benchmark")
+    parser.add_argument(
+        "--input", action="store_true",
+        help="instead: training fed by synthetic data, pre-decoded TFRecords (float and "
+        "uint8) and JPEG TFRecords, on 1 device (or --towers), and each input alone",
+    )
+    parser.add_argument(
+        "--memory", type=int, nargs="?", const=MEMORY_STEPS, metavar="STEPS",
+        help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
+        f"STEPS (default {MEMORY_STEPS}) steps of towers train",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
+    """The Settings of `towers bench ARGS` on `job`, every option checked; BenchError
+    (exit status 2) naming the first bad one."""
+    quick = QUICK if args.quick else {}
+    defaults = {**DEFAULTS, "towers": INPUT_TOWERS if args.input else DEFAULTS["towers"],
+                **quick}
+    name = args.model or job.model.name
+    params = dict(job.model.params) if name == job.model.name else {}
+    check_model(dataclasses.replace(job.model, name=name, params=params),
+                "--model" if args.model else "model.name")
+    settings = Settings(
+        model=name,
+        params=params,
+        batch=args.batch or job.train.batch_size,
+        towers=parse_towers(args.towers) if args.towers else defaults["towers"],
+        modes=parse_modes(args.modes),
+        steps=args.steps if args.steps is not None else defaults["steps"],
+        warmup=args.warmup if args.warmup is not None else defaults["warmup"],
+        repeats=args.repeats if args.repeats is not None else defaults["repeats"],
+        job_args=_job_args(args),
+        out=args.out,
+        run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
+        variants=parse_variants(args.precision, args.accumulate, args.xla,
+                                args.gradient_dtype),
+        data_options={key: getattr(job.data, key) for key in INPUT_PIPELINE_KEYS},
+        model_path=job.model.path,
+        job_dir=job.model.job_dir,
+    )
+    check_settings(settings)
+    check_installed(settings)
+    if args.memory is not None:
+        check_memory(settings, args.memory)
+    return settings
+
+
+def _job_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The user's -c and --set, as every whole `towers` run the bench starts is given them."""
+    config = ["-c", args.config] if args.config else []
+    return tuple(config + [a for o in args.overrides for a in ("--set", o)])
 
 
 def parse_towers(text: str) -> tuple[int, ...]:

@@ -176,7 +176,10 @@ def test_bad_options_exit_2_with_one_line(args, message):
 STEPS_FROM = """
 import sys, numpy as np, models
 from launch import bench
+from launch.log import use_graph_mode
 mode, devices, initial, final = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if mode != "mirrored":
+    use_graph_mode()
 model = models.build("resnet20", {"image_size": 8, "base_filters": 2})
 if mode == "mirrored":
     case = bench.build_mirrored_case(model, 16, devices)

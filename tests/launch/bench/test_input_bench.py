@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from launch.bench.input import build_input_case, input_report, input_spec_of, write_inputs
+from launch.bench.input import input_report, input_spec_of, write_inputs
+from launch.bench.input_case import build_input_case
 from launch.bench.settings import Row, Settings
 from launch.config import from_dict
 from launch.data import input_tensors, make_dataset

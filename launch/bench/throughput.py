@@ -1,0 +1,160 @@
+"""The main report of `towers bench`: every mode at each device count, in every variant.
+
+The in-process rows (1 device, parameter_server, replicated, mirrored) run in one
+long-lived case process per row, which builds its graph once and times a block of
+steps when asked, so the blocks can be interleaved across rows (A B C A B C ...) and
+each row's peak RSS is its own. The multi-process rows (ps_worker, horovod) time whole
+`towers` runs, one per block. A peak matmul per number type the variants compute in
+is timed between the rounds, for each row's share of this machine's peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+
+from launch.bench.case_process import CaseProcess, case_spec
+from launch.bench.limits import PEAK_SIZE, Peak, number_type_notes
+from launch.bench.mirrored import UNSUPPORTED
+from launch.bench.report import (
+    describe_run,
+    gradient_bytes,
+    heading,
+    markdown_table,
+    peak_text,
+    write_outputs,
+)
+from launch.bench.runs import ClusterCase, horovod_missing
+from launch.bench.settings import IN_PROCESS_MODES, SINGLE, Row, Settings, check_settings
+
+
+def plan_rows(settings: Settings) -> list[Row]:
+    """The 1-device baseline, then every mode at each device count above 1; each in
+    every variant, the variants of one mode and count side by side."""
+    kinds = [(SINGLE, 1)] + [(mode, n) for n in settings.towers if n > 1
+                             for mode in settings.modes]
+    return [Row(mode, n, variant) for mode, n in kinds for variant in settings.variants]
+
+
+def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], dict]:
+    """Measure every row; returns the rows and facts about the run (model, machine ...)."""
+    check_settings(settings)
+    started = datetime.datetime.now(datetime.UTC)
+    rows = plan_rows(settings)
+    cases: dict[int, CaseProcess | ClusterCase] = {}
+    peaks: dict[str, Peak] = {}
+    try:
+        facts = _start_cases(settings, rows, cases, peaks, write)
+        runs = settings.repeats if settings.run_repeats is None else settings.run_repeats
+        for repeat in range(settings.repeats):
+            write(f"round {repeat + 1}/{settings.repeats}")
+            for i, case in cases.items():
+                if isinstance(case, CaseProcess) or repeat < runs:
+                    _time_one(rows[i], case, settings)
+            for peak in peaks.values():
+                peak.time_block()
+        _finish_rows(rows, cases, facts)
+    finally:
+        processes = [case for case in cases.values() if isinstance(case, CaseProcess)]
+        for case in processes:
+            case.stop()
+        for case in [*processes, *peaks.values()]:
+            case.close()
+    about = describe_run(settings, facts[(SINGLE, settings.variants[0])], started)
+    about["peak_matmul"] = PEAK_SIZE
+    about["peak_flops"] = {t: p.median for t, p in peaks.items()}
+    about["number_types"] = number_type_notes(list(peaks))
+    return rows, about
+
+
+def _finish_rows(rows: list[Row], cases: dict, facts: dict) -> None:
+    """Gradient bytes, FLOPs per example and peak RSS of every row."""
+    for i, row in enumerate(rows):
+        single = facts.get((SINGLE, row.variant), {})
+        row.gradient_bytes = gradient_bytes(row.mode, row.devices, single["trainable_bytes"],
+                                            row.variant.gradient_dtype)
+        row.flops_per_example = single["step_flops"] / single["batch"]
+        if isinstance(cases.get(i), CaseProcess):
+            row.peak_rss_bytes = cases[i].peak_rss()
+
+
+def _start_cases(settings: Settings, rows: list[Row], cases: dict, peaks: dict,
+                 write: Callable[[str], None]) -> dict:
+    """Fills `cases` (row index -> its case; rows that cannot run here are marked
+    skipped instead) and `peaks` (number type -> its peak matmul, built here while the
+    rows build), waits for the in-process rows to build, and returns their graph facts
+    by (row mode, variant)."""
+    missing = horovod_missing() if "horovod" in settings.modes else None
+    for i, row in enumerate(rows):
+        row.skipped = cannot_run(row, missing)
+        if row.skipped:
+            continue
+        if row.mode in (SINGLE, *IN_PROCESS_MODES):
+            mode = "parameter_server" if row.mode == SINGLE else row.mode
+            cases[i] = CaseProcess(case_spec(settings, mode, row.devices, row.variant))
+        else:
+            cases[i] = ClusterCase(settings, row)
+    in_process = {i: case for i, case in cases.items() if isinstance(case, CaseProcess)}
+    number_types = list(dict.fromkeys(v.number_type for v in settings.variants))
+    write(f"building {len(in_process)} in-process rows (one process each) and "
+          f"{len(number_types)} peak matmul(s)")
+    for number_type in number_types:
+        peaks[number_type] = Peak(number_type)
+    facts = {}
+    for i, case in in_process.items():
+        try:
+            facts[(rows[i].mode, rows[i].variant)] = {**case.ready(), "batch": settings.batch}
+        except RuntimeError as err:
+            if rows[i].mode == SINGLE:
+                raise  # the baseline of every ratio
+            reason = str(err).strip().splitlines()[-1]
+            # The mirrored row cannot run a model with Keras layers: a skip, not a failure.
+            unsupported = UNSUPPORTED in reason
+            rows[i].skipped = reason.partition(": ")[2] if unsupported else f"failed: {reason}"
+            case.close()
+            del cases[i]
+    return facts
+
+
+def cannot_run(row: Row, horovod_missing_reason: str | None) -> str | None:
+    """Why `row` is skipped here, or None."""
+    variant = row.variant
+    if row.mode == "horovod" and horovod_missing_reason:
+        return horovod_missing_reason
+    if row.mode == "horovod" and variant.gradient_dtype == "bfloat16":
+        return "Horovod has no bfloat16 all-reduce"
+    if row.mode == "mirrored" and (variant.accumulate > 1 or variant.xla
+                                   or variant.gradient_dtype != "float32"
+                                   or variant.precision == "mixed_float16"):
+        return "the mirrored row runs float32 or mixed_bfloat16 only, without the other options"
+    return None
+
+
+def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings) -> None:
+    """One block of `row`: appends its examples/sec, or marks the row failed."""
+    if row.skipped:
+        return
+    if isinstance(case, CaseProcess):
+        seconds = case.time_block(settings.steps)
+        row.rates.append(settings.steps * settings.batch / seconds)
+        return
+    try:
+        row.rates.append(case.time_block())
+    except (RuntimeError, ValueError) as err:  # a failed run, or a result that did not parse
+        row.skipped = f"failed: {err}"
+        row.rates.clear()
+
+
+def throughput_report(settings: Settings,
+                      write: Callable[[str], None]) -> tuple[str, list[str]]:
+    """The table as markdown under the run's heading and peaks (bench.csv, bench.json and
+    bench.png in settings.out too, if set), and the rows whose runs failed, as "mode on
+    N devices (variant)"."""
+    rows, about = run_bench(settings, write)
+    text = f"{heading(about)}\n{peak_text(about)}\n\n" + markdown_table(rows, about["peak_flops"])
+    if settings.out:
+        for path in write_outputs(settings.out, rows, about):
+            write(f"wrote {path}")
+    failed = [f"{r.mode} on {r.devices} devices ({r.variant.label})" for r in rows
+              if r.skipped and r.skipped.startswith("failed:")]
+    return text, failed
