@@ -283,8 +283,9 @@ def _validate(args, job) -> int:
     from launch import modelref
     from launch.config import derived_comments, dump_yaml
     from launch.data import DataError
-    from launch.runtime.plan import resolve_model
+    from launch.runtime.plan import resolve_devices, resolve_model
 
+    resolve_devices(job)  # the batch against the towers, as train checks it
     model = modelref.resolve(job.model)
     try:
         spec = resolve_model(job).input_spec

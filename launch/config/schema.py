@@ -486,22 +486,7 @@ def _check_job(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
             "wait for each other for ever; leave it unset and use train.steps",
             "data.epochs", ["towers.variable_update"],
         )
-    devices = values["towers"].devices
-    # The towers the job file names; `auto` is at least one (launch.runtime.plan checks
-    # again once it is resolved, and once the processes sharing a batch are known).
-    num_towers = devices if isinstance(devices, int) else (
-        len(devices) if isinstance(devices, tuple) else 1)
     train = values["train"]
-    # The towers package owns the rule and its wording. Importing it imports TensorFlow,
-    # so here, quietly, as every command does before its first graph.
-    from launch.log import quiet_tensorflow
-
-    quiet_tensorflow()
-    import towers
-
-    shortfall = towers.batch_shortfall(train.batch_size, num_towers, train.accumulate_steps)
-    if shortfall:
-        raise Invalid(shortfall, "train.batch_size", ["towers.devices", "train.accumulate_steps"])
     if train.sync and values["towers"].precision == "mixed_float16":
         raise Invalid(
             "mixed_float16 is not available with train.sync (a step skipped for a "

@@ -83,14 +83,21 @@ def make_plan(job: JobConfig, processes: int = 1) -> Plan:
     processes: how many processes share each global batch (ps/worker workers, Horovod
     ranks), each running the job's towers.
     """
+    devices, param, config = resolve_devices(job, processes)
     model = resolve_model(job)
+    return Plan(job, model, devices, param, config, sharing=in_process_sharing(job),
+                batch_size=job.train.batch_size)
+
+
+def resolve_devices(job: JobConfig, processes: int = 1
+                    ) -> tuple[list[str], str, V1.ConfigProto]:
+    """The tower devices, where the variables live and the session options; raises
+    BatchSizeError once the number of towers is known and the batch cannot feed them."""
     num_gpus = len(list_gpus(job.session))
     devices = tower_devices(job.towers, num_gpus)
     param = param_device(job.towers, num_gpus)
     _check_batch_size(job, len(devices), processes)
-    config = session_config(job.session, num_cpu_devices(devices, param))
-    return Plan(job, model, devices, param, config, sharing=in_process_sharing(job),
-                batch_size=job.train.batch_size)
+    return devices, param, session_config(job.session, num_cpu_devices(devices, param))
 
 
 def in_process_sharing(job: JobConfig) -> str:
@@ -103,9 +110,11 @@ def in_process_sharing(job: JobConfig) -> str:
 
 
 def _check_batch_size(job: JobConfig, num_towers: int, processes: int = 1) -> None:
-    """train.batch_size against the towers once their number is known: `devices: auto`
-    resolved, times the processes of a multi-process job. The job file's own check
-    (launch.config) has already covered the towers it names."""
+    """train.batch_size against the towers once their number is known (`devices: auto`
+    resolved), times the processes of a multi-process job: the one place a job's batch
+    is checked, by the rule towers.batch_shortfall owns. Not in launch.config: the
+    towers package imports TensorFlow, and a job file's own mistakes are found
+    before that."""
     shortfall = towers.batch_shortfall(job.train.batch_size, num_towers,
                                        job.train.accumulate_steps, processes)
     if shortfall:

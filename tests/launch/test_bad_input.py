@@ -156,6 +156,8 @@ CASES = [
     Case("absent-gpu", "towers: {devices: ['/gpu:0']}\n", ("towers.devices", "/gpu:0")),
     Case("more-towers-than-examples", "towers: {devices: 4}\ntrain: {batch_size: 2}\n",
          ("train.batch_size",)),
+    Case("validate-more-towers-than-examples", "towers: {devices: 4}\ntrain: {batch_size: 2}\n",
+         ("train.batch_size", "cannot give each of 4 towers"), command=("validate",)),
     Case("unknown-variable-update", "towers: {variable_update: ring}\n",
          ("towers.variable_update", "replicated")),
     Case("unknown-source", "data: {source: parquet}\n", ("data.source", "tfrecord")),

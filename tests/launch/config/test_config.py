@@ -269,9 +269,6 @@ def test_precisions_and_gradient_types_are_the_towers_ones():
     (["towers.loss_scale.initial=1024"], "towers.loss_scale",
      "only used with towers.precision: mixed_float16; precision is 'float32'"),
     (["train.accumulate_steps=0"], "train.accumulate_steps", "must be > 0"),
-    (["train.batch_size=6", "train.accumulate_steps=4", "towers.devices=2"],
-     "train.batch_size", "a global batch of 6 examples cannot give each of 2 towers at least "
-     "one example of each of 4 micro-batches; it needs at least 8"),
     (["towers.precision=mixed_float16", "train.sync=true"], "towers.precision",
      "not available with train.sync"),
     (["optimizer.reference_batch_size=0"], "optimizer.reference_batch_size", "must be > 0"),
@@ -466,8 +463,6 @@ BAD = [
     ("towers: {variable_update: mirrored}", "towers.variable_update",
      "accepted: horovod, parameter_server, replicated"),
     ("towers: {param_device: gpu1}", "towers.param_device", "did you mean 'gpu'"),
-    ("towers: {devices: 4}\ntrain: {batch_size: 2}", "train.batch_size",
-     "a global batch of 2 examples cannot give each of 4 towers at least one example"),
     ("session: {per_process_gpu_memory_fraction: 1.5}",
      "session.per_process_gpu_memory_fraction", "must be in (0, 1]"),
     ("session: {visible_devices: gpu0}", "session.visible_devices", "comma-separated"),

@@ -16,9 +16,22 @@ SMALL = {"model": {"name": "mlp", "input_dim": 4, "hidden_units": [4]},
          "data": {"source": "synthetic"}}
 
 
+@pytest.mark.parametrize("towers_cfg, train, message", [
+    ({"devices": 2}, {"batch_size": 6, "accumulate_steps": 4},
+     "a global batch of 6 examples cannot give each of 2 towers at least one example of each "
+     "of 4 micro-batches; it needs at least 8"),
+    ({"devices": 4}, {"batch_size": 2},
+     "a global batch of 2 examples cannot give each of 4 towers at least one example"),
+])
+def test_a_batch_too_small_for_the_towers_the_job_names_is_refused(towers_cfg, train, message):
+    job = from_dict({**SMALL, "towers": towers_cfg, "train": train})
+    with pytest.raises(BatchSizeError, match=f"^train.batch_size: {message}"):
+        make_plan(job)
+
+
 def test_auto_devices_are_counted_once_resolved():
-    """The job file names no tower count (auto: two CPU towers here), so the file's own
-    check passes 3 examples in 2 micro-batches; the plan, knowing the towers, does not."""
+    """The job file names no tower count (auto: two CPU towers here); the plan, knowing
+    the towers, refuses 3 examples in 2 micro-batches."""
     job = from_dict({**SMALL, "train": {"batch_size": 3, "accumulate_steps": 2}})
     with pytest.raises(BatchSizeError) as raised:
         make_plan(job)
