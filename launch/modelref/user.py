@@ -10,7 +10,7 @@ What the job names is one of:
 
 A builder is called inside every tower as it is built, so each tower (and each
 graph) builds its own Keras layers: towers then shares them in parameter_server
-mode or keeps per-tower copies in replicated mode (towers.creation). Either may
+mode or keeps per-tower copies in replicated mode (towers.sharing). Either may
 declare its input as an `input_spec` attribute (a models.InputSpec, or a mapping
 of its fields); without one the data must tell.
 """

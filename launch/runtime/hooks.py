@@ -82,7 +82,6 @@ class ProgressHook(V1.train.SessionRunHook):
     def after_create_session(self, session, coord) -> None:
         self._window_start = time.perf_counter()
         self._window_steps = 0
-        self._step = 0
         self._reported_step: int | None = None
 
     def before_run(self, run_context):
@@ -92,7 +91,6 @@ class ProgressHook(V1.train.SessionRunHook):
         now = time.perf_counter()
         values = run_values.results
         step = int(values["global_step"]) + 1  # fetched before this step's increment
-        self._step = step
         if self._on_step is not None:
             self._on_step(step, values)
         for name, value in values.items():
@@ -111,7 +109,11 @@ class ProgressHook(V1.train.SessionRunHook):
 
     def end(self, session) -> None:
         if self._window_steps:
-            self._report(self._step, time.perf_counter())
+            # The global step as it is now, not the last one fetched plus one: a
+            # synchronous step whose gradient was dropped (train.backup_workers) did not
+            # move it, and the final line must name the step the job ended at.
+            step = int(session.run(self._fetches["global_step"]))
+            self._report(step, time.perf_counter())
         if self._bar:
             sys.stderr.write("\n")
 
