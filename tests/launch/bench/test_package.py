@@ -1,16 +1,11 @@
 """The bench package imports no TensorFlow with it, since the CLI imports it to build its
 parser (tests/test_layers.py checks that no package imports in a circle)."""
 
-import pathlib
 import subprocess
 import sys
 
 import pytest
 from cli_helpers import environment
-
-import launch.bench
-
-BENCH = pathlib.Path(launch.bench.__file__).parent
 
 
 @pytest.mark.e2e
