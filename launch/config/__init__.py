@@ -7,11 +7,14 @@ Modules, lowest first:
 
 * ``checks``: value checks and combinators (numbers in bounds, choices, device strings,
   host:port ...), the ``Invalid`` failure they raise, and ``build``, which makes a
-  section dataclass from a mapping by running its fields' checks.
-* ``schema``: the sections (``RunConfig`` ... ``JobConfig``), their fields, defaults and
-  cross-field checks, and the vocabularies (``DATA_SOURCES``, ``OPTIMIZERS`` ...).
-* ``data_schema``: the data section's nested keys, ``data.schema`` (a TFRecord's
+  section dataclass from a mapping by running its fields' checks and its cross check.
+* ``model_section``: ``model`` (a name, a code path and the model's parameters).
+* ``data_options``: the data section's nested keys, ``data.schema`` (a TFRecord's
   feature layout, or a preset of one) and ``data.image`` (decoding, augmentation).
+* ``training``: the sections of how a job trains (``towers``, ``optimizer``, ``train``,
+  ``eval``) and their vocabularies (``OPTIMIZERS``, ``PRECISIONS`` ...).
+* ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
+  ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check.
 * ``loading``: YAML (duplicate and merge keys), ``--set`` overrides, ``ConfigError`` and
   which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict`` and
   ``dump_yaml``.
@@ -19,12 +22,21 @@ Modules, lowest first:
 The names below are the package's interface; import them from ``launch.config``.
 """
 
-from launch.config.data_schema import (
+from launch.config.data_options import (
     FEATURE_KINDS,
     PIXEL_KINDS,
     SCHEMA_PRESETS,
     ImageConfig,
     RecordSchemaConfig,
+)
+from launch.config.job import (
+    DATA_SOURCES,
+    ClusterConfig,
+    DataConfig,
+    JobConfig,
+    MetricsConfig,
+    RunConfig,
+    SessionConfig,
 )
 from launch.config.loading import (
     ConfigError,
@@ -34,19 +46,12 @@ from launch.config.loading import (
     load_job,
     to_dict,
 )
-from launch.config.schema import (
-    DATA_SOURCES,
-    ClusterConfig,
-    DataConfig,
+from launch.config.model_section import ModelConfig
+from launch.config.training import (
     EvalConfig,
-    JobConfig,
     LossScaleConfig,
-    MetricsConfig,
-    ModelConfig,
     OptimizerConfig,
-    RunConfig,
     ScheduleConfig,
-    SessionConfig,
     TowersConfig,
     TrainConfig,
     WarmStartConfig,

@@ -4,8 +4,9 @@ A check is any ``Check = Callable[[Any], Any]``. The simple ones (``boolean``,
 ``string``, ``device_string`` ...) are checks themselves; the combinators (``number``,
 ``choice``, ``optional``, ``tuple_of``, ``unique``, ``auto_or``) build one from options
 or from other checks. ``checked_field`` attaches one to a dataclass field, and
-``build`` makes the dataclass from a mapping by running its fields' checks; the
-sections themselves are in ``launch.config.schema``.
+``build`` makes the dataclass from a mapping by running its fields' checks and the
+section's ``cross_check``; the sections themselves are in ``launch.config.job`` and
+the modules it imports.
 
 ``Invalid`` carries a key relative to the value checked; whoever holds the value adds
 its own name on the way up (``Invalid.under``), so the loader can report the full dotted
@@ -29,6 +30,7 @@ __all__ = [
     "CrossCheck",
     "DEVICE_RE",
     "Invalid",
+    "MAX_SEED",
     "accepted",
     "auto_or",
     "boolean",
@@ -49,12 +51,14 @@ __all__ = [
     "positive_int",
     "prefix_map",
     "regex",
+    "section_field",
     "string",
     "tuple_of",
     "unique",
 ]
 
 AUTO = "auto"
+MAX_SEED = 2**31 - 1  # seeds TensorFlow and NumPy both take
 DEVICE_RE = re.compile(
     r"(/job:[\w-]+(/replica:\d+)?(/task:\d+)?)?/(device:)?(cpu|gpu|CPU|GPU|tpu|TPU):\d+"
 )
@@ -352,13 +356,16 @@ def checked_field(default: Any = dataclasses.MISSING, check: Check | None = None
     return field(default=default, metadata={"check": check}, **kwargs)
 
 
-def build(cls: type, raw: Any, cross_check: CrossCheck | None = None, what: str = "key") -> Any:
-    """Make dataclass ``cls`` from its raw mapping (None means all defaults).
+def build(cls: type, raw: Any) -> Any:
+    """Make section dataclass ``cls`` from its raw mapping (None means all defaults).
 
     Unknown keys are rejected, each given key is checked by its field's check, missing
-    ones take the field default, and then ``cross_check`` sees the whole section.
-    what: how the mapping's keys are named in messages ("key", or "section" for a job).
+    ones take the field default, and then the section's own ``cross_check`` (a static
+    method, where it has one) sees the whole section. ``cls.members``, where set, is
+    how the mapping's keys are named in messages ("key" otherwise; a job's are sections).
     """
+    cross_check: CrossCheck | None = getattr(cls, "cross_check", None)
+    what = getattr(cls, "members", "key")
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -385,3 +392,8 @@ def build(cls: type, raw: Any, cross_check: CrossCheck | None = None, what: str 
     if cross_check is not None:
         cross_check(values, raw)
     return cls(**values)
+
+
+def section_field(cls: type) -> Any:
+    """A field holding a whole nested section, built from a mapping (null means defaults)."""
+    return field(default_factory=cls, metadata={"check": lambda value: build(cls, value)})

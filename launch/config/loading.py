@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from launch.config.checks import Invalid, describe, join
-from launch.config.schema import JobConfig, ModelConfig, build_section
+from launch.config.checks import Invalid, build, describe, join
+from launch.config.job import JobConfig
+from launch.config.model_section import ModelConfig
 from launch.errors import BadInput
 
 __all__ = ["ConfigError", "derived_comments", "dump_yaml", "from_dict", "load_job", "to_dict"]
@@ -251,7 +252,7 @@ def _make_job(
 ) -> JobConfig:
     _check_top_level(raw, source)
     try:
-        job = build_section(JobConfig, raw)
+        job = build(JobConfig, raw)
     except Invalid as e:
         raise ConfigError(_source_of(e, source, overridden), e.key, e.message) from None
     if job_dir is not None:

@@ -24,7 +24,7 @@ import tensorflow as tf
 from launch.config import PIXEL_KINDS, DataConfig
 from launch.data.errors import DataError
 from launch.data.formats import csv_header, describe, npz_arrays, resolve_files, single_file
-from launch.data.schema import LEGACY_LABEL_KEYS, parse_example_proto
+from launch.data.record_schema import LEGACY_LABEL_KEYS, parse_example_proto
 from launch.data.tfrecord import first_record
 from models import InputSpec
 

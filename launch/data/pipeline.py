@@ -16,7 +16,7 @@ Sources (``source=``):
 * ``csv``: files with a header row, an integer label column named ``label_column`` and
   ``prod(feature_shape)`` numeric feature columns.
 * ``tfrecord``: sharded files of ``tf.train.Example``, read in parallel, laid out as
-  ``schema`` says (:mod:`launch.data.schema`): numeric lists, raw pixels or encoded
+  ``schema`` says (:mod:`launch.data.record_schema`): numeric lists, raw pixels or encoded
   JPEG/PNG images (decoded, augmented and normalised as ``image`` says,
   :mod:`launch.data.images`); without a schema, a ``features`` float (int64 for integer
   specs) list and a ``label`` or ``labels`` int64 list.
@@ -52,7 +52,7 @@ from launch.data.formats import (
     resolve_files,
     single_file,
 )
-from launch.data.schema import RecordSchema, legacy_schema, record_schema
+from launch.data.record_schema import RecordSchema, legacy_schema, record_schema
 from launch.data.skips import INPUT_OP_NAME, SkippedRecords
 from launch.data.stream import (
     Pipeline,

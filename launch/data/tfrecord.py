@@ -18,7 +18,7 @@ from launch.config import ImageConfig
 from launch.data import images
 from launch.data.errors import DataError
 from launch.data.formats import read_error
-from launch.data.schema import RecordSchema, check_example, legacy_label_key
+from launch.data.record_schema import RecordSchema, check_example, legacy_label_key
 from launch.data.stream import (
     Pipeline,
     batched,

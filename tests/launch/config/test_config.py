@@ -238,8 +238,8 @@ def test_configs_are_frozen():
         job.model.params["hidden_units"] = (2,)  # type: ignore[index]
 
 
-def test_schema_docstring_names_every_section():
-    from launch.config import schema
+def test_the_job_docstring_names_every_section():
+    from launch.config import job as schema
 
     for section in dataclasses.fields(JobConfig):
         assert f"``{section.name}``" in schema.__doc__
@@ -259,7 +259,7 @@ def test_variable_update_accepts_the_towers_modes_and_horovod():
 
 def test_precisions_and_gradient_types_are_the_towers_ones():
     import towers
-    from launch.config.schema import GRADIENT_DTYPES, PRECISIONS
+    from launch.config.training import GRADIENT_DTYPES, PRECISIONS
 
     assert PRECISIONS == towers.PRECISIONS and GRADIENT_DTYPES == towers.GRADIENT_DTYPES
 

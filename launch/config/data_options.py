@@ -97,6 +97,15 @@ class RecordSchemaConfig:
     label_offset: int = _field(0, number(int, ge=0))
     num_classes: int | None = _field(None, optional(positive_int))
 
+    @staticmethod
+    def cross_check(values: dict[str, Any], raw: Any) -> None:
+        shape = values["shape"]
+        if values["kind"] in PIXEL_KINDS and shape is not None and (
+                len(shape) != 3 or shape[2] not in (1, 3)):
+            raise Invalid(f"{values['kind']} features need a shape [height, width, channels] "
+                          f"with 1 or 3 channels, got {list(shape)}", "shape", ["kind"])
+
+
 
 @dataclass(frozen=True)
 class ImageConfig:
@@ -121,14 +130,6 @@ class ImageConfig:
         number(float, gt=0), allow_single=True, non_empty=True)))
 
 
-def _check_schema(values: dict[str, Any], raw: Any) -> None:
-    shape = values["shape"]
-    if values["kind"] in PIXEL_KINDS and shape is not None and (
-            len(shape) != 3 or shape[2] not in (1, 3)):
-        raise Invalid(f"{values['kind']} features need a shape [height, width, channels] "
-                      f"with 1 or 3 channels, got {list(shape)}", "shape", ["kind"])
-
-
 def record_schema(value: Any) -> RecordSchemaConfig | None:
     """data.schema: null, a preset name, or a mapping (optionally with ``preset:``)."""
     if value is None:
@@ -146,7 +147,7 @@ def record_schema(value: Any) -> RecordSchemaConfig | None:
             raise Invalid(f"unknown preset {shown!r}; {accepted(str(shown), SCHEMA_PRESETS)}",
                           "preset")
         raw = {**SCHEMA_PRESETS[name], **raw}
-    return build(RecordSchemaConfig, raw, _check_schema)
+    return build(RecordSchemaConfig, raw)
 
 
 def image_section(value: Any) -> ImageConfig:

@@ -1,7 +1,7 @@
 """TFRecord feature schemas: what each ``tf.train.Example`` holds, and records checked
 against it before training.
 
-A ``RecordSchema`` is ``data.schema`` (launch.config.data_schema) with its nulls filled
+A ``RecordSchema`` is ``data.schema`` (launch.config.data_options) with its nulls filled
 in from the input spec, or, without ``data.schema``, the project's original layout: a
 flat ``features`` list (floats, or int64 for integer specs) and ``label`` (or
 ``labels``) int64 values.
