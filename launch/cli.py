@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 from launch import bench
+from launch import cli_data as data_command
 from launch.cli_help import (
     EPILOG_BENCH,
     EPILOG_CONVERT,
@@ -176,28 +177,7 @@ def _data_parser(commands) -> None:
         data, "convert", "write images, MNIST, CIFAR-10, text or a job's npz/csv data as "
         "sharded TFRecords", EPILOG_CONVERT
     )
-    convert.add_argument("inputs", nargs="*", metavar="INPUT",
-                         help="files or a folder to read (every --from but job)")
-    convert.add_argument("--from", dest="source_format", default="job", metavar="FORMAT",
-                         choices=["job", "images", "mnist", "cifar10", "text"],
-                         help="job (the job's npz/csv data, the default), images, mnist, "
-                         "cifar10 or text")
-    convert.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
-    convert.add_argument(
-        "--shards", type=int, default=4, metavar="N", help="number of files (default 4)"
-    )
-    convert.add_argument("--labels", metavar="FILE",
-                         help="images: class names of an earlier conversion (PREFIX.labels)")
-    convert.add_argument("--seed", type=int, default=0, metavar="N",
-                         help="images: seed of the shuffled file order (default 0)")
-    convert.add_argument("--vocab", metavar="FILE",
-                         help="text: the vocabulary of an earlier conversion (PREFIX.vocab)")
-    convert.add_argument("--min-count", type=int, default=1, metavar="N",
-                         help="text: words seen fewer times become <unk> (default 1)")
-    convert.add_argument("--max-vocab", type=int, metavar="N",
-                         help="text: at most N words, <unk> and <eos> included")
-    convert.add_argument("--num-steps", type=int, default=20, metavar="N",
-                         help="text: tokens per example (default 20, lstm_lm's num_steps)")
+    data_command.add_arguments(convert)
 
 
 def _load(args):
@@ -320,31 +300,6 @@ def _local_cluster(args, job) -> int:
     )
 
 
-def _data_convert(args, job) -> int:
-    from launch.data import converters
-
-    if args.source_format == "job":
-        from launch.runtime.plan import resolve_model
-
-        if args.inputs:
-            raise converters.DataError(
-                "data convert: inputs are read with --from images/mnist/cifar10/text; "
-                "--from job converts the job's data.path")
-        summary = converters.convert_arrays(
-            job.data.source, resolve_model(job).input_spec, job.data.path, args.out, args.shards,
-            label_column=job.data.label_column,
-        )
-    else:
-        options = converters.ConvertOptions(args.labels, args.seed, args.vocab, args.min_count,
-                                            args.max_vocab, args.num_steps)
-        summary = converters.convert_files(args.source_format, args.inputs, args.out,
-                                           args.shards, options)
-    for line in summary.lines():
-        log(line)
-    _print_json(summary.as_dict())
-    return EXIT_OK
-
-
 # Each command's handler: (parsed args, the loaded job) -> exit status.
 HANDLERS = {
     "train": _train,
@@ -355,7 +310,7 @@ HANDLERS = {
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
     "bench": bench.run,
-    "data": _data_convert,
+    "data": data_command.run,
     "export": _export,
     "validate": _validate,
 }

@@ -31,8 +31,9 @@ from towers import gradients as grad_lib
 from towers.builder import Tower, build_towers
 from towers.context import Features, ModelFn
 from towers.loss_scale import LossScaler
+from towers.made_variables import MadeVariables
 from towers.precision import Precision
-from towers.sharing import MadeVariables, VariableSharing
+from towers.sharing import VariableSharing
 from towers.split import Shard, split_micro_batches
 
 

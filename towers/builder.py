@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 
 from towers.context import ModelFn, TowerContext, TowerOutputs, as_tower_outputs, own_collection
+from towers.made_variables import MadeVariables
 from towers.placement import tower_device_fn
 from towers.precision import Precision
-from towers.sharing import MadeVariables, TowerVariables, VariableSharing
+from towers.sharing import TowerVariables, VariableSharing
 from towers.split import Shard
 
 
