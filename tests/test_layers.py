@@ -158,3 +158,9 @@ def test_the_layer_check_sees_an_upward_import():
     """The check itself can fail: launch.config importing the runtime is upward."""
     assert layer_of("launch.runtime.train") > layer_of("launch.config")
     assert layer_of("launch.cli") > layer_of("launch.bench")
+
+
+def test_no_module_is_longer_than_400_lines():
+    """A module one can read at once; past this, it is doing more than one thing."""
+    long = {m: n for m in module_names() if (n := len(source_of(m).splitlines())) > 400}
+    assert long == {}
