@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from launch.distributed.cluster_spec import Task
 from launch.errors import Diverged
+from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1
 
@@ -61,12 +62,13 @@ class JobEndHook(V1.train.SessionRunHook):
     """Every worker's part in ending the job (see the module docstring).
 
     release_tokens: the sync optimizer's op putting one token per worker on its
-    token queue (None in asynchronous mode).
+    token queue (None in asynchronous mode). data_end: says whether this worker's
+    session ended because its data ran out (it runs before this hook).
     """
 
     def __init__(self, task: Task, release_tokens: tf.Operation | None,
-                 write: Callable[[str], None]):
-        self._task, self._write = task, write
+                 data_end: DataEndHook, write: Callable[[str], None]):
+        self._task, self._data_end, self._write = task, data_end, write
         stop, diverged = stop_queue(), diverged_queue()
         everyone = task.num_workers
         release = [release_tokens] if release_tokens is not None else []
@@ -78,7 +80,6 @@ class JobEndHook(V1.train.SessionRunHook):
         self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged)]
         self.graph = tf.compat.v1.get_default_graph()
         self.peer_diverged: int | None = None
-        self._in_step = False
 
     def clear(self, master: str, config: V1.ConfigProto) -> None:
         """The chief, before it initialises or restores the variables: empty the queues
@@ -89,11 +90,9 @@ class JobEndHook(V1.train.SessionRunHook):
             sess.run(self._drain)
 
     def before_run(self, run_context):
-        self._in_step = True
         return V1.train.SessionRunArgs(self._sizes)
 
     def after_run(self, run_context, run_values) -> None:
-        self._in_step = False
         if run_values.results["diverged"]:
             self.peer_diverged = int(run_context.session.run(self._which_diverged))
             raise PeerDiverged(
@@ -104,9 +103,7 @@ class JobEndHook(V1.train.SessionRunHook):
             run_context.request_stop()
 
     def end(self, session) -> None:
-        # A run that raised OutOfRangeError (the data ran out) never reached after_run;
-        # MonitoredSession ends quietly on it, calling end().
-        out_of_data = self._in_step
+        out_of_data = self._data_end.ran_out
         if out_of_data:
             self._write(f"worker rank {self._task.worker_rank} ran out of data; "
                         "stopping every worker of the job")

@@ -176,7 +176,7 @@ class HorovodRole(Role):
         super().__init__(writes=rank.rank == 0)
         self._hvd, self._rank = hvd, rank
 
-    def hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
         return [BroadcastHook(self._hvd, ops.sync_op)]
 
     def finish(self, result: dict) -> dict:

@@ -49,11 +49,11 @@ class WorkerRole(Role):
         self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
         return self._sync
 
-    def hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
         release = None
         if self._sync is not None:
             release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
-        self._end = JobEndHook(self._task, release, self._write)
+        self._end = JobEndHook(self._task, release, data_end, self._write)
         if self._sync is None:
             return [self._end, self.deadline]
         sync = sync_replicas.session_hook(self._sync, self._task.is_chief)

@@ -189,7 +189,7 @@ def fall_back_to_restorable(checkpoint_dir: str, write: Callable[[str], None]) -
             os.path.basename(good),
             all_model_checkpoint_paths=[os.path.basename(p) for p in kept[-_MAX_LISTED:]],
         )
-        write(f"resuming from {good}, the newest checkpoint that restores")
+        write(f"{good} is the newest checkpoint that restores; it is the latest now")
     return good
 
 
@@ -387,6 +387,24 @@ def saver_hook(
         every = {"save_secs": cfg.checkpoint_every_secs}
     else:
         every = {"save_steps": cfg.checkpoint_every_steps or cfg.steps}
-    return V1.train.CheckpointSaverHook(
-        cfg.checkpoint_dir, scaffold=scaffold, listeners=[_LogSaves(write), *listeners], **every
+    return _SaverHook(
+        cfg.steps, cfg.checkpoint_dir, scaffold=scaffold,
+        listeners=[_LogSaves(write), *listeners], **every,
     )
+
+
+class _SaverHook(V1.train.CheckpointSaverHook):
+    """TensorFlow's, which saves as the session starts; except that a session starting
+    at or past the last step (a finished job run again, which takes no step) leaves the
+    checkpoints it finds as they are."""
+
+    def __init__(self, last_step: int, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._last_step = last_step
+
+    def after_create_session(self, session, coord) -> None:
+        step = session.run(self._global_step_tensor)
+        if step < self._last_step:
+            super().after_create_session(session, coord)
+        else:
+            self._timer.update_last_triggered_step(step)  # so end() saves nothing either

@@ -72,6 +72,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self._write = write
         self._bar = sys.stderr.isatty()
         self.record = StepRecord()
+        self.steps_run = 0  # by this session: none when it started at the last step
         self._window: dict[str, list[float]] = {}
 
     def begin(self) -> None:
@@ -90,6 +91,7 @@ class ProgressHook(V1.train.SessionRunHook):
     def after_run(self, run_context, run_values) -> None:
         now = time.perf_counter()
         values = run_values.results
+        self.steps_run += 1
         step = int(values["global_step"]) + 1  # fetched before this step's increment
         if self._on_step is not None:
             self._on_step(step, values)
@@ -149,6 +151,50 @@ class ProgressHook(V1.train.SessionRunHook):
         filled = int(done * width)
         sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{self._last_step}")
         sys.stderr.flush()
+
+
+class StopAtStepHook(V1.train.StopAtStepHook):
+    """TensorFlow's StopAtStepHook, which also stops a session that starts at or past
+    the last step before it takes any: TensorFlow's checks only after a step, so running
+    a finished job again trained one more step (and saved one more checkpoint) each time.
+
+    start_step: the global step the session started at (restored, or 0).
+    """
+
+    def __init__(self, last_step: int, write: Callable[[str], None]):
+        super().__init__(last_step=last_step)
+        self._write = write
+        self.start_step: int | None = None
+
+    def after_create_session(self, session, coord) -> None:
+        super().after_create_session(session, coord)
+        self.start_step = int(session.run(self._global_step_tensor))
+        if self.start_step >= self._last_step:
+            self._write(f"at step {self.start_step} already, train.steps is "
+                        f"{self._last_step}: no step to take")
+            coord.request_stop()
+
+
+class DataEndHook(V1.train.SessionRunHook):
+    """Whether the session ended because the input ran out (data.epochs).
+
+    MonitoredSession ends quietly on the OutOfRangeError of a step whose input has run
+    out: that step never reaches after_run, and end() is called while it is in flight.
+    """
+
+    def __init__(self) -> None:
+        self.in_step = False
+
+    def before_run(self, run_context):
+        self.in_step = True
+
+    def after_run(self, run_context, run_values) -> None:
+        self.in_step = False
+
+    @property
+    def ran_out(self) -> bool:
+        """Asked once the session has ended: it ended mid-step, on the end of the data."""
+        return self.in_step
 
 
 class StopOnSignalHook(V1.train.SessionRunHook):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 import towers
+from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1
 
@@ -34,8 +35,10 @@ class Role:
         """The optimizer this role applies gradients with (e.g. SyncReplicasOptimizer)."""
         return optimizer
 
-    def hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
-        """Extra hooks for this role's session, given the built training ops."""
+    def hooks(self, ops: towers.TrainOps, data_end: DataEndHook
+              ) -> list[V1.train.SessionRunHook]:
+        """Extra hooks for this role's session, given the built training ops and the hook
+        that knows whether the input ran out (it runs before these)."""
         return []
 
     def before_session(self, config: V1.ConfigProto) -> None:

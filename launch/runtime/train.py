@@ -15,10 +15,12 @@ from launch.devices import emulation_note
 from launch.log import log
 from launch.runtime import checkpoints
 from launch.runtime.hooks import (
+    DataEndHook,
     LossScaleHook,
     PlacementTraceHook,
     ProgressHook,
     SkipNonFiniteHook,
+    StopAtStepHook,
     StopOnSignalHook,
     nonfinite_stops,
 )
@@ -114,6 +116,8 @@ class _Loop:
     hooks: list[V1.train.SessionRunHook]
     chief_hooks: list[V1.train.SessionRunHook]
     progress: ProgressHook
+    stop_at: StopAtStepHook
+    data_end: DataEndHook
     loss_scale: LossScaleHook | None = None
 
 
@@ -154,7 +158,8 @@ def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
     with graph.as_default():
         ops, scaffold, rate = build_training_graph(plan, role.wrap_optimizer, skipped)
         if role.writes:
-            checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
+            _announce_resume(checkpoints.fall_back_to_restorable(job.train.checkpoint_dir,
+                                                                 write), write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
         write(_startup_line(plan))
@@ -167,6 +172,9 @@ def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
         with data.input_errors(data_where(job)):
             _run_session(plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
+    if result.get("stopped_by") == "end of data":
+        write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
+              f"{result['global_step']} of {job.train.steps}; training ends there")
     if job.data.on_bad_record == "skip":
         result["skipped_records"] = skipped.count
     return result
@@ -232,12 +240,14 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         write,
         on_step=served.on_step,  # hands its fetched values to the metrics
     )
+    stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
     hooks = [
         *served.hooks,  # first, so its step timer starts right before the session run
-        V1.train.StopAtStepHook(last_step=cfg.steps),
+        stop_at,
         progress,
         StopOnSignalHook(stop, role.unblock_op()),
-        *role.hooks(ops),
+        data_end,
+        *role.hooks(ops, data_end),
     ]
     loss_scale = None
     if ops.loss_scale is not None:
@@ -251,7 +261,7 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
-    return _Loop(hooks, chief_hooks, progress, loss_scale)
+    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, loss_scale)
 
 
 def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopSignals) -> None:
@@ -281,19 +291,31 @@ def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopS
 
 def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     V1.summary.FileWriterCache.clear()
-    latest = tf.train.latest_checkpoint(job.train.checkpoint_dir)
-    result = loop.progress.record.as_dict()
+    if loop.progress.steps_run:
+        result = loop.progress.record.as_dict()
+    else:  # a finished job run again: no step, so no loss to report
+        result = {"global_step": loop.stop_at.start_step or 0, "examples_per_sec": 0.0}
+    result["steps_run"] = loop.progress.steps_run
     result["precision"] = job.towers.precision
     result["accumulate_steps"] = job.train.accumulate_steps
     if loop.loss_scale is not None:
         result["loss_scale"] = loop.loss_scale.scale
         result["overflow_steps"] = loop.loss_scale.overflows
-    if role.writes and latest:
+    latest = tf.train.latest_checkpoint(job.train.checkpoint_dir) if role.writes else None
+    if latest:
         # The chief's final checkpoint holds the job's true global step: the step
         # the chief last fetched trails it when other workers updated after that
-        # (asynchronous ps/worker), and is absent when nothing was left to run.
+        # (asynchronous ps/worker).
         result["global_step"] = checkpoints.step_of(latest)
-    result["checkpoint"] = latest
+    if role.writes:  # a non-chief worker did not write it and may not see its directory
+        result["checkpoint"] = latest
     if stop:
         result["stopped_by"] = "signal"
+    elif loop.data_end.ran_out:
+        result["stopped_by"] = "end of data"
     return role.finish(result)
+
+
+def _announce_resume(checkpoint: str | None, write: Callable[[str], None]) -> None:
+    if checkpoint is not None:
+        write(f"resuming from {checkpoint} at step {checkpoints.step_of(checkpoint)}")
