@@ -259,20 +259,15 @@ def _cluster_task(args, job) -> int:
 
 
 def _validate(args, job) -> int:
-    """The resolved job as YAML, after comment lines saying what the model resolved to."""
+    """Every start-up check `train` makes (so exit 0 means `train` starts), then the
+    resolved job as YAML after comment lines saying what the model resolved to."""
     from launch import modelref
     from launch.config import derived_comments, dump_yaml
-    from launch.data import DataError
-    from launch.runtime.plan import resolve_devices, resolve_model
+    from launch.runtime.train import check_startup
 
-    resolve_devices(job)  # the batch against the towers, as train checks it
-    model = modelref.resolve(job.model)
-    try:
-        spec = resolve_model(job).input_spec
-        unread = None
-    except DataError as err:  # validate checks the job, not the data (train does)
-        spec, unread = None, str(err)
-    sys.stdout.write(modelref.describe(model, spec, unread) + dump_yaml(job)
+    plan = check_startup(job)
+    model = modelref.resolve(job.model)  # as the job names it: its own spec, if it declares one
+    sys.stdout.write(modelref.describe(model, plan.model.input_spec) + dump_yaml(job)
                      + derived_comments(job))
     return EXIT_OK
 

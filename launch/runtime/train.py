@@ -27,6 +27,7 @@ from launch.runtime.hooks import (
 from launch.runtime.optim import batch_scale, learning_rate, make_optimizer
 from launch.runtime.plan import (
     Plan,
+    check_eval_data,
     data_where,
     input_line,
     input_tensors,
@@ -94,6 +95,21 @@ def build_training_graph(
         local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
     )
     return ops, scaffold, rate
+
+
+def check_startup(job: JobConfig) -> Plan:
+    """Every check `towers train` makes before its first step, made without training or
+    writing anything (`towers validate`): the plan (model, devices, batch), the data and
+    the evaluation data, the checkpoint paths, the whole graph built aside (the model
+    against the data's shapes and classes), and the checkpoint found against the model."""
+    plan = make_plan(job)
+    preflight(plan)
+    if job.data.eval_path:
+        check_eval_data(plan)
+    with tf.Graph().as_default():
+        build_training_graph(plan)
+        checkpoints.check_compatible(job.train.checkpoint_dir)
+    return plan
 
 
 def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:

@@ -1,6 +1,7 @@
 """`towers train` / `eval` / `validate` / `devices` / `data convert`, end to end in subprocesses."""
 
 import os
+import runpy
 import signal
 import subprocess
 import time
@@ -180,14 +181,20 @@ def test_help_has_examples(command):
         assert "examples:" in result.stdout
 
 
-def test_every_example_job_validates():
+def test_every_example_job_validates(tmp_path):
+    # validate reads the data as train would: the digits examples' first, made as their
+    # README says (examples/custom_model/digits.py writes runs/digits/).
+    digits = np.load(os.path.join(ROOT, "tests", "data", "digits.npz"))
+    runpy.run_path(os.path.join(ROOT, "examples", "custom_model", "digits.py"))["write"](
+        digits["images"], digits["target"], str(tmp_path / "runs" / "digits"))
     root = os.path.join(ROOT, "examples")
     jobs = [os.path.join(folder, name) for folder, _, names in os.walk(root)
             for name in sorted(names) if name.endswith(".yaml")]
     assert len(jobs) >= 7
     for job in jobs:
-        result = run_in_process("validate", "-c", job)
+        result = run_in_process("validate", "-c", job, cwd=str(tmp_path))
         assert result.returncode == 0, (job, result.stderr)
+    assert os.listdir(tmp_path / "runs") == ["digits"]  # validate wrote nothing
 
 
 def checkpoint_values(ckpt_dir) -> dict:
