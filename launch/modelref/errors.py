@@ -40,14 +40,31 @@ def code_error(error: BaseException, reference: str, during: str,
     ours: this project's package directories, never the user's even when below a root.
     """
     frames = traceback.extract_tb(error.__traceback__)
-    mine = [f for f in frames if _under(f.filename, roots) and not _under(f.filename, ours)]
-    shown = traceback.format_list(mine or frames[-1:])
+    mine = [f for f in frames if _is_file(f.filename) and _under(f.filename, roots)
+            and not _under(f.filename, ours)]
+    # A module that does not compile raised from the import machinery alone: its
+    # location is in the error itself, and no frame of Python's is the user's.
+    fallback = [] if isinstance(error, SyntaxError) else frames[-1:]
+    shown = traceback.format_list(mine or fallback)
     what = "".join(traceback.format_exception_only(type(error), error)).strip()
     details = "Traceback (the model's own code, most recent call last):\n" + "".join(shown)
     details += what + "\n"
-    first_line = what.splitlines()[0] if what else type(error).__name__
-    return ModelCodeError(f"model.name: {reference} failed {during}: {first_line}{hint}",
-                          details)
+    return ModelCodeError(f"model.name: {reference} failed {during}: {_summary(error, what)}"
+                          f"{hint}", details)
+
+
+def _summary(error: BaseException, what: str) -> str:
+    """The error in one line: its type and message (the last line Python prints for it),
+    with the file and line of a SyntaxError, whose message says neither."""
+    summary = what.splitlines()[-1] if what else type(error).__name__
+    if isinstance(error, SyntaxError) and error.filename:
+        summary += f" ({error.filename}, line {error.lineno})"
+    return summary
+
+
+def _is_file(filename: str) -> bool:
+    """Not one of Python's own frozen modules (`<frozen importlib._bootstrap>`)."""
+    return not filename.startswith("<")
 
 
 def _under(filename: str, directories: Sequence[str]) -> bool:

@@ -196,6 +196,18 @@ def test_a_module_failing_to_import_shows_its_frames(tmp_path):
     assert f"{name}.py\", line 3" in info.value.details
 
 
+def test_a_module_that_does_not_compile_says_why_and_where(tmp_path):
+    source = "import tensorflow as tf\n\n\ndef build():\n    return max(1,\n"
+    name, folder = user_module(tmp_path, source)
+    with pytest.raises(ModelCodeError) as info:
+        resolve(f"{name}:build", job_dir=folder)
+    line = str(info.value)
+    assert f"while importing {name}: SyntaxError: " in line and "was never closed" in line
+    assert f"{name}.py, line 5)" in line
+    assert "<frozen" not in info.value.details  # Python's import machinery is not theirs
+    assert f"{name}.py\", line 5" in info.value.details
+
+
 def test_a_builder_returning_no_model_is_named(tmp_path, graph):
     name, folder = user_module(tmp_path)
     model = resolve(f"{name}:returns_text", job_dir=folder)
