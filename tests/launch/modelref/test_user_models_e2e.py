@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from cli_helpers import ROOT, environment, last_json, ok, run_towers
+from test_readme import snippet as readme_snippet
 
 # One fixture runs everything; on a machine other test runs share it can take longer
 # than the default per-test bound.
@@ -61,7 +62,7 @@ SERVE_BOTH = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-examples, keras_code, work = sys.argv[1:4]
+examples, keras_code, work, readme_snippet = sys.argv[1:5]
 features = np.load(examples)["features"]
 found = {}
 for kind in ("tf1", "keras"):
@@ -70,11 +71,10 @@ for kind in ("tf1", "keras"):
     np.save(f"{work}/{kind}-served.npy", serve(features=tf.constant(features))["predictions"])
     found[kind] = {"ops": sorted({op.type for op in serve.graph.get_operations()}),
                    "variables": sorted(v.name for v in model.variables)}
-sys.path.insert(0, keras_code)  # the Keras weights file, into the user's own model
-import keras_model
-net = keras_model.build()
-net(features[:1])
-net.load_weights(f"{work}/keras-export/model.weights.h5")
+sys.path.insert(0, keras_code)  # the Keras weights file, into the user's own model,
+names = {}  # as the README's snippet says to load it
+exec(readme_snippet.replace("runs/served/1", f"{work}/keras-export"), names)
+net = names["net"]
 np.save(f"{work}/keras-weights.npy", np.asarray(net(features)))
 print(json.dumps(found))
 """
@@ -199,7 +199,8 @@ def runs(tmp_path_factory):
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = {name: pool.submit(job[0], *job[1:]) for name, job in jobs.items()}
         found = {name: future.result() for name, future in futures.items()}
-    found["serve"] = python("-c", SERVE_BOTH, f"{data}/eval.npz", EXAMPLES, base)
+    found["serve"] = python("-c", SERVE_BOTH, f"{data}/eval.npz", EXAMPLES, base,
+                            readme_snippet("net.load_weights"))
     found["base"] = base
     return found
 
