@@ -159,20 +159,24 @@ class StopAtStepHook(V1.train.StopAtStepHook):
     a finished job again trained one more step (and saved one more checkpoint) each time.
 
     start_step: the global step the session started at (restored, or 0).
+    done_at_start: the session started at or past the last step; the loop takes no
+    step then. (Not a request to the session's coordinator: that would stop a sync
+    chief's queue runner, and close its token queue, before the hooks' end() runs.)
     """
 
     def __init__(self, last_step: int, write: Callable[[str], None]):
         super().__init__(last_step=last_step)
         self._write = write
         self.start_step: int | None = None
+        self.done_at_start = False
 
     def after_create_session(self, session, coord) -> None:
         super().after_create_session(session, coord)
         self.start_step = int(session.run(self._global_step_tensor))
-        if self.start_step >= self._last_step:
+        self.done_at_start = self.start_step >= self._last_step
+        if self.done_at_start:
             self._write(f"at step {self.start_step} already, train.steps is "
                         f"{self._last_step}: no step to take")
-            coord.request_stop()
 
 
 class DataEndHook(V1.train.SessionRunHook):

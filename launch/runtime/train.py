@@ -301,7 +301,7 @@ def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopS
         log_step_count_steps=None,
         config=plan.session,
     ) as sess:
-        while not sess.should_stop():
+        while not (loop.stop_at.done_at_start or sess.should_stop()):
             sess.run(ops.train_op)
 
 

@@ -202,6 +202,18 @@ def test_one_ps_two_workers_and_an_evaluator_train_to_the_end_and_exit(tmp_path)
     assert summary["exit_codes"] == {"ps0": 0, "worker0": 0, "worker1": 0, "evaluator": 0}
     assert "[evaluator] towers: eval step" in result.stderr
     assert os.listdir(ckpt / "eval")
+
+    # Run again: the job is done, so no task takes a step, and every task ends.
+    latest = tf.train.latest_checkpoint(str(ckpt))
+    again = run_towers("local-cluster", *MLP, "--set", f"train.checkpoint_dir={ckpt}",
+                       "--set", "train.steps=60", "--ps", "1", "--workers", "2", timeout=240)
+    rerun = ok(again)
+    assert rerun["exit_codes"] == {"ps0": 0, "worker0": 0, "worker1": 0}
+    assert rerun["steps_run"] == 0 and rerun["global_step"] == summary["global_step"]
+    for worker in ("worker0", "worker1"):
+        assert re.search(rf"\[{worker}\] towers: at step \d+ already, train.steps is 60: no "
+                         "step to take", again.stderr), again.stderr[-3000:]
+    assert tf.train.latest_checkpoint(str(ckpt)) == latest
     assert summary["global_step"] >= 60
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(ckpt)), "global_step")) >= 60
     chief = losses(result.stderr, "worker0")
