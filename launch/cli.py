@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _train_parser(commands)
     _eval_parser(commands)
-    _job_command(commands, "validate", "check a job file, print the resolved job", EPILOG_VALIDATE)
+    _job_command(commands, "validate", "make train's start-up checks, print the resolved job",
+                 EPILOG_VALIDATE)
     _job_command(commands, "devices", "list GPUs, CPU and the CUDA id mapping", EPILOG_DEVICES)
     for role, text in [
         ("ps", "serve variables for a ps/worker job until it ends"),
