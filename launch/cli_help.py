@@ -25,9 +25,18 @@ EPILOG_EVAL = """examples:
   towers eval -c job.yaml --checkpoint runs/convnet/model.ckpt-2000
   towers eval -c job.yaml --watch                 # each new checkpoint, until train.steps
   towers eval -c job.yaml --predictions preds.npy # also the predictions, in data order
+  towers eval -c job.yaml --set eval.steps=10     # at most 10 batches of eval.batch_size
+
+An evaluation scores every example of data.eval_path (else data.path) once, in
+batches of eval.batch_size, the last one partial; loss and metrics are means over
+the examples. eval.steps (null by default) stops it after that many batches.
+--predictions writes one row per example scored, in the order of the files. The
+generated sources (synthetic, builtin) have no end to reach: they are scored on
+eval.steps batches, 20 when it is null, and the log and the result say so.
 
 Summaries go to <checkpoint_dir>/eval for TensorBoard; the last line on stdout
-is one JSON object with global_step, loss, examples_per_sec and the metrics.
+is one JSON object with global_step, loss, the metrics, "examples" (how many were
+scored) and examples_per_sec.
 """
 
 EPILOG_VALIDATE = """The first lines (YAML comments) say what model.name resolved to: a built-in,

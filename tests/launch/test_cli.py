@@ -84,6 +84,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes_and_evaluates(tmp_path):
     scored = ok(run_towers("eval", *args))
     assert scored["global_step"] == resumed["global_step"]
     assert {"loss", "accuracy", "examples_per_sec"} <= set(scored)
+    assert scored["examples"] == 2 * 32  # builtin data: eval.steps batches of eval.batch_size
     assert os.listdir(ckpt / "eval"), "eval wrote no summaries"
 
 
