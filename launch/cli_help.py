@@ -36,7 +36,10 @@ eval.steps batches, 20 when it is null, and the log and the result say so.
 
 Summaries go to <checkpoint_dir>/eval for TensorBoard; the last line on stdout
 is one JSON object with global_step, loss, the metrics, "examples" (how many were
-scored) and examples_per_sec.
+scored) and examples_per_sec. Stopped by SIGTERM or Ctrl-C, --watch (and the
+evaluator of a ps/worker job) first scores the newest checkpoint it has not
+scored, once a trainer still writing checkpoint_dir has saved its final one (it
+waits for that at most 20 s); a second signal stops it at once.
 """
 
 EPILOG_VALIDATE = """The first lines (YAML comments) say what model.name resolved to: a built-in,

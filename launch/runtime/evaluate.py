@@ -32,6 +32,10 @@ V1 = tf.compat.v1
 # evaluation needs). Each evaluation takes eval.steps batches, this many when it is null.
 GENERATED_SOURCES = ("synthetic", "builtin")
 GENERATED_SOURCE_BATCHES = 20
+# A stopped evaluator waits at most this long for a trainer still writing the checkpoint
+# directory (the chief of a job stopped with it) to save its final checkpoint, then
+# scores that one: a job's last checkpoint is the one most worth a score.
+WRITER_WAIT_SECS = 20.0
 
 
 class _Stop(Exception):
@@ -155,7 +159,8 @@ def evaluate(
     """Evaluate one checkpoint (default: the latest), or with watch=True each new one.
 
     Watching stops after the checkpoint at train.steps, after `timeout` seconds
-    without a new checkpoint, or on SIGTERM/SIGINT. Returns the last result.
+    without a new checkpoint, or on SIGTERM/SIGINT, after scoring the newest
+    checkpoint not yet scored (see _score_before_stopping). Returns the last result.
     exporter: where to publish each result (None: not serving).
     predictions: with one checkpoint, also write the model's predictions for the
     examples scored to this .npy file.
@@ -221,26 +226,81 @@ def _raise_stop(name: str) -> None:
 def _watch(plan: Plan, score: _Scorer, timeout: float | None, write) -> dict:
     result: dict = {}
     write(f"watching {plan.job.train.checkpoint_dir} for checkpoints")
-    try:
-        with StopSignals(_raise_stop):
+    with StopSignals(_raise_stop):
+        try:
             for path in V1.train.checkpoints_iterator(
                 plan.job.train.checkpoint_dir,
                 min_interval_secs=plan.job.eval.every_secs,
                 timeout=timeout,
             ):
-                # Damaged (a crash mid-write), or deleted by the trainer's max_to_keep
-                # since it was announced: pass over it, as the trainer does at start.
-                problem = checkpoints.restore_problem(path)
-                if problem is not None:
-                    write(f"checkpoint {path} cannot be restored: {problem}; skipping it")
-                    continue
-                result = score(path)
-                if result["global_step"] >= plan.job.train.steps:
+                result = _score_restorable(score, path, write) or result
+                if result.get("global_step", -1) >= plan.job.train.steps:
                     break
-    except _Stop:
-        write("stopping on signal")
+        except _Stop:
+            result = _score_before_stopping(plan, score, result, write) or result
     if not result:
         raise checkpoints.CheckpointError(
             f"train.checkpoint_dir: no checkpoint appeared in {plan.job.train.checkpoint_dir}"
         )
     return result
+
+
+def _score_restorable(score: _Scorer, path: str, write) -> dict | None:
+    """score(path), or None for a checkpoint damaged (a crash mid-write) or deleted by the
+    trainer's max_to_keep since it was announced: passed over, as the trainer does at start."""
+    problem = checkpoints.restore_problem(path)
+    if problem is not None:
+        write(f"checkpoint {path} cannot be restored: {problem}; skipping it")
+        return None
+    return score(path)
+
+
+def _score_before_stopping(plan: Plan, score: _Scorer, last: dict, write) -> dict | None:
+    """On a stop request: once a trainer still writing checkpoint_dir has ended (at most
+    WRITER_WAIT_SECS), score the newest checkpoint not scored yet, if there is one.
+    One more evaluation at most; a second stop request ends it at once."""
+    directory = plan.job.train.checkpoint_dir
+    write("stopping on signal; a second one stops at once")
+    with StopSignals(_raise_stop):
+        try:
+            _wait_for_writer(directory, write)
+            newest = _newest_restorable(directory, write)
+            if newest is None or checkpoints.step_of(newest) <= last.get("global_step", -1):
+                write("no checkpoint newer than the last one scored; stopping")
+                return None
+            write(f"scoring {newest}, the newest checkpoint, before stopping")
+            return score(newest)
+        except _Stop:
+            write("stopping now, on the second signal")
+            return None
+
+
+def _newest_restorable(directory: str, write) -> str | None:
+    try:
+        return checkpoints.newest_restorable(directory, "train.checkpoint_dir", write)
+    except checkpoints.CheckpointError:  # none there, or none that restores
+        return None
+
+
+def _wait_for_writer(directory: str, write) -> None:
+    """Wait while a trainer holds `directory` (its lock file is there: a trainer removes
+    it as it ends, after its final checkpoint), at most WRITER_WAIT_SECS. A file left by
+    a trainer that was killed costs the wait, no more."""
+    lock = os.path.join(directory, checkpoints.LOCK_FILE)
+    holder = _read_holder(lock)
+    if holder is None:
+        return
+    write(f"waiting up to {WRITER_WAIT_SECS:g} s for the trainer writing {directory} "
+          f"({holder}) to save its final checkpoint")
+    deadline = time.monotonic() + WRITER_WAIT_SECS
+    while os.path.exists(lock) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _read_holder(lock: str) -> str | None:
+    """Who holds a checkpoint directory, as its lock file names them; None when no one."""
+    try:
+        with open(lock) as f:
+            return f.read().strip() or "a trainer"
+    except FileNotFoundError:
+        return None

@@ -1,12 +1,19 @@
 """`towers eval`: every example of a finite evaluation set scored exactly once, in file
 order, weighed by example; eval.steps a cap; generated sources a fixed number of batches."""
 
+import glob
+import os
+import shutil
+import signal
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from cli_helpers import ok, run_in_process
 
 from launch.config import from_dict
+from launch.runtime import checkpoints
 
 FEATURES, CLASSES = 4, 3
 # 10 examples in batches of 4 over 3 towers: batches of 4, 4 and 2, the last one smaller
@@ -157,3 +164,84 @@ def test_eval_help_says_what_an_evaluation_reads():
     shown = run_in_process("eval", "--help").stdout
     assert "every example" in shown and "eval.steps" in shown and '"examples"' in shown
 
+
+# --- a watch stopped by SIGTERM ---------------------------------------------------------
+
+def watch_job(ckpt):
+    return from_dict({
+        "model": {"name": "mlp", "input_dim": FEATURES, "num_classes": CLASSES,
+                  "hidden_units": [5]},
+        "data": {"source": "synthetic"}, "towers": {"devices": 3},
+        "train": {"steps": 3, "batch_size": 4, "checkpoint_dir": str(ckpt)},
+        "eval": {"batch_size": 4, "steps": 2, "every_secs": 0.1}})
+
+
+def copy_checkpoint(source_dir, step, target_dir):
+    """Checkpoint `step` of source_dir into target_dir as a trainer saves it: the files,
+    then the state file naming it the latest."""
+    for name in glob.glob(str(source_dir / f"model.ckpt-{step}.*")):
+        shutil.copy(name, target_dir)
+    tf.compat.v1.train.update_checkpoint_state(str(target_dir), f"model.ckpt-{step}")
+
+
+class Said:
+    """A write callback: every line kept, and an event per awaited phrase."""
+
+    def __init__(self, *phrases):
+        self.lines = []
+        self.events = {phrase: threading.Event() for phrase in phrases}
+
+    def __call__(self, line):
+        self.lines.append(line)
+        for phrase, event in self.events.items():
+            if phrase in line:
+                event.set()
+
+    def wait(self, phrase):
+        assert self.events[phrase].wait(timeout=120), f"never said {phrase!r}: {self.lines}"
+
+
+def test_a_stopped_watch_scores_the_final_checkpoint_of_a_stopping_trainer(tmp_path,
+                                                                          checkpoint_dir):
+    # As in a ps/worker job stopped with SIGTERM to every task: the chief still holds
+    # checkpoint_dir when the evaluator is stopped, and saves its final checkpoint after.
+    from launch.runtime.evaluate import evaluate
+
+    watched = tmp_path / "ckpt"
+    watched.mkdir()
+    copy_checkpoint(checkpoint_dir, 0, watched)
+    said = Said("eval step 0:", "to save its final checkpoint")
+
+    def trainer_ending():
+        said.wait("eval step 0:")
+        with checkpoints.hold(str(watched), said):
+            os.kill(os.getpid(), signal.SIGTERM)
+            said.wait("to save its final checkpoint")
+            copy_checkpoint(checkpoint_dir, 3, watched)
+
+    trainer = threading.Thread(target=trainer_ending, daemon=True)
+    trainer.start()
+    result = evaluate(watch_job(watched), watch=True, write=said)
+    trainer.join(timeout=60)
+    assert result["global_step"] == 3 and result["examples"] == 8
+    assert f"scoring {watched / 'model.ckpt-3'}, the newest checkpoint, before stopping" in (
+        said.lines)
+    assert [line for line in said.lines if line.startswith("eval step")][-1].startswith(
+        "eval step 3:")
+
+
+def test_a_stopped_watch_with_nothing_new_to_score_stops_at_once(tmp_path, checkpoint_dir):
+    from launch.runtime.evaluate import evaluate
+
+    watched = tmp_path / "ckpt"
+    watched.mkdir()
+    copy_checkpoint(checkpoint_dir, 0, watched)
+    said = Said("eval step 0:")
+    stopper = threading.Thread(target=lambda: (said.wait("eval step 0:"),
+                                               os.kill(os.getpid(), signal.SIGTERM)))
+    stopper.start()
+    result = evaluate(watch_job(watched), watch=True, write=said)
+    stopper.join(timeout=60)
+    assert result["global_step"] == 0
+    assert "no checkpoint newer than the last one scored; stopping" in said.lines
+    assert not any("waiting" in line for line in said.lines)
