@@ -30,9 +30,10 @@ EPILOG_EVAL = """examples:
 An evaluation scores every example of data.eval_path (else data.path) once, in
 batches of eval.batch_size, the last one partial; loss and metrics are means over
 the examples. eval.steps (null by default) stops it after that many batches.
---predictions writes one row per example scored, in the order of the files. The
-generated sources (synthetic, builtin) have no end to reach: they are scored on
-eval.steps batches, 20 when it is null, and the log and the result say so.
+--predictions writes one row per example scored, in the order of the files.
+Generated data (synthetic, builtin) is scored on eval.steps batches instead, 20
+when it is null (builtin never past its held-out examples); the log and the
+result say so.
 
 Summaries go to <checkpoint_dir>/eval for TensorBoard; the last line on stdout
 is one JSON object with global_step, loss, the metrics, "examples" (how many were

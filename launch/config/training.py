@@ -207,9 +207,9 @@ class TrainConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     """eval: each evaluation scores every example of the evaluation data once, in batches
-    of batch_size; steps, when set, stops it after that many batches. A generated source
-    (synthetic, builtin) has no end to reach: it is scored on steps batches, 20 when
-    steps is null. every_secs is the --watch interval."""
+    of batch_size; steps, when set, stops it after that many batches. Generated data
+    (synthetic, builtin) is scored on steps batches instead, 20 when steps is null.
+    every_secs is the --watch interval."""
 
     steps: int | None = _field(None, optional(positive_int))
     batch_size: int = _field(256, positive_int)
