@@ -107,8 +107,9 @@ Worker 0 is chief unless the cluster has a chief task. TensorFlow's gRPC runtime
 has no authentication or encryption and runs any graph it is sent, on every
 interface: firewall cluster ports to the cluster's own hosts.
 
-On SIGTERM a worker stops after its step (the chief saves a checkpoint) and a ps
-keeps serving until its workers have finished (at most 15 s); each exits 0. A
+On SIGTERM a worker stops after its step (the chief saves a checkpoint), a ps
+keeps serving until its workers have finished (at most 15 s) and the evaluator
+scores the chief's final checkpoint (waiting at most 20 s for it); each exits 0. A
 peer that stays unreachable past cluster.reconnect_timeout_secs, or a step stuck
 past cluster.operation_timeout_secs, ends the task with 138 (retryable: restart
 it; training resumes from the last checkpoint). A worker whose step diverges
