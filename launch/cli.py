@@ -133,7 +133,8 @@ def _eval_parser(commands) -> None:
     evaluate.add_argument(
         "--predictions",
         metavar="FILE.npy",
-        help="also write the model's predictions for the examples scored (one checkpoint)",
+        help="also write the model's predictions, one row per example scored in the "
+        "data's order (one checkpoint)",
     )
     evaluate.add_argument(
         "--timeout",

@@ -25,9 +25,22 @@ EPILOG_EVAL = """examples:
   towers eval -c job.yaml --checkpoint runs/convnet/model.ckpt-2000
   towers eval -c job.yaml --watch                 # each new checkpoint, until train.steps
   towers eval -c job.yaml --predictions preds.npy # also the predictions, in data order
+  towers eval -c job.yaml --set eval.steps=10     # at most 10 batches of eval.batch_size
+
+An evaluation scores every example of data.eval_path (else data.path) once, in
+batches of eval.batch_size, the last one partial; loss and metrics are means over
+the examples. eval.steps (null by default) stops it after that many batches.
+--predictions writes one row per example scored, in the order of the files.
+Generated data (synthetic, builtin) is scored on eval.steps batches instead, 20
+when it is null (builtin never past its held-out examples); the log and the
+result say so.
 
 Summaries go to <checkpoint_dir>/eval for TensorBoard; the last line on stdout
-is one JSON object with global_step, loss, examples_per_sec and the metrics.
+is one JSON object with global_step, loss, the metrics, "examples" (how many were
+scored) and examples_per_sec. Stopped by SIGTERM or Ctrl-C, --watch (and the
+evaluator of a ps/worker job) first scores the newest checkpoint it has not
+scored, once a trainer still writing checkpoint_dir has saved its final one (it
+waits for that at most 20 s); a second signal stops it at once.
 """
 
 EPILOG_VALIDATE = """The first lines (YAML comments) say what model.name resolved to: a built-in,
@@ -94,8 +107,9 @@ Worker 0 is chief unless the cluster has a chief task. TensorFlow's gRPC runtime
 has no authentication or encryption and runs any graph it is sent, on every
 interface: firewall cluster ports to the cluster's own hosts.
 
-On SIGTERM a worker stops after its step (the chief saves a checkpoint) and a ps
-keeps serving until its workers have finished (at most 15 s); each exits 0. A
+On SIGTERM a worker stops after its step (the chief saves a checkpoint), a ps
+keeps serving until its workers have finished (at most 15 s) and the evaluator
+scores the chief's final checkpoint (waiting at most 20 s for it); each exits 0. A
 peer that stays unreachable past cluster.reconnect_timeout_secs, or a step stuck
 past cluster.operation_timeout_secs, ends the task with 138 (retryable: restart
 it; training resumes from the last checkpoint). A worker whose step diverges

@@ -1,5 +1,6 @@
 """Split a global batch into one shard per tower, even or uneven, and the rule every
-split obeys: each tower gets at least one example."""
+split obeys: each tower gets at least one example (an evaluation batch smaller than
+that is padded to it: split_padded)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,35 @@ def split_batch(features: Features, labels: tf.Tensor, num_shards: int) -> list[
     return _split(features, labels, num_shards, num_towers=num_shards)
 
 
+def split_padded(features: Features, labels: tf.Tensor,
+                 num_shards: int) -> tuple[list[Shard], list[tf.Tensor]]:
+    """split_batch for evaluation, whose last batch may hold fewer examples than there
+    are shards: a batch of B < num_shards examples is padded with copies of its first
+    example to num_shards, one a shard, since a tower cannot compute on no examples
+    (some TensorFlow kernels fail on an empty batch, and a mean over nothing is NaN).
+
+    Returns the shards and each one's count of real examples, int32 scalars that
+    shard_sizes(B, num_shards) gives: 0 for a shard holding only padding. The padding
+    comes last, so the first B rows of the shards, concatenated, are the batch.
+    """
+    tensors = tf.nest.flatten(features) + [labels]
+    batch_size = _static_batch_size(tensors)
+    if batch_size is not None and batch_size >= num_shards:
+        shards = split_batch(features, labels, num_shards)
+        return shards, [s.num_examples for s in shards]
+    if batch_size is not None:
+        missing = num_shards - batch_size
+        counts = [tf.constant(n, tf.int32) for n in shard_sizes(batch_size, num_shards)]
+    else:
+        real = tf.shape(labels)[0]
+        missing = tf.maximum(num_shards - real, 0)
+        counts = tf.unstack(_sizes_in_graph(real, num_shards), num=num_shards)
+    padded = [tf.concat([t, tf.repeat(t[:1], missing, axis=0)], axis=0) for t in tensors]
+    shards = split_batch(tf.nest.pack_sequence_as(features, padded[:-1]), padded[-1],
+                         num_shards)
+    return shards, counts
+
+
 def split_micro_batches(features: Features, labels: tf.Tensor, num_towers: int,
                         micro_batches: int) -> list[list[Shard]]:
     """The global batch as `micro_batches` consecutive micro-batches (sizes differing by
@@ -128,6 +158,11 @@ def _dynamic_shard_sizes(batch_size: tf.Tensor, num_shards: int, num_towers: int
         message=_cannot_give("the global batch", num_towers, micro_batches),
     )
     with tf.control_dependencies([check]):
-        base = batch_size // num_shards
-        extra = batch_size % num_shards
+        return _sizes_in_graph(batch_size, num_shards)
+
+
+def _sizes_in_graph(batch_size: tf.Tensor, num_shards: int) -> tf.Tensor:
+    """shard_sizes computed in the graph: int32 [num_shards]."""
+    base = batch_size // num_shards
+    extra = batch_size % num_shards
     return base + tf.cast(tf.range(num_shards) < extra, tf.int32)

@@ -14,7 +14,7 @@ from towers.builder import Tower, build_towers
 from towers.context import Features, ModelFn
 from towers.placement import DeviceFn
 from towers.precision import Precision
-from towers.split import split_batch
+from towers.split import split_padded
 from towers.variable_update import VariableUpdate, resolve_variable_update
 
 
@@ -55,13 +55,16 @@ class TrainOps(NamedTuple):
 
 
 class EvalOps(NamedTuple):
-    """loss and metrics: scalars, example-weighted means over the global batch.
+    """loss and metrics: scalars, example-weighted means over the batch's B examples.
     predictions: the towers' predictions concatenated, [B, ...] in the batch's order;
-    None unless every tower returned some."""
+    None unless every tower returned some.
+    num_examples: int32 scalar, B: what the batch's loss and metrics weigh when batches
+    of different sizes (a last, partial one) are averaged together."""
 
     loss: tf.Tensor
     metrics: dict[str, tf.Tensor]
     predictions: tf.Tensor | None = None
+    num_examples: tf.Tensor | None = None
 
 
 def build_train_op(
@@ -153,17 +156,24 @@ def build_eval_ops(
     xla: bool = False,
 ) -> EvalOps:
     """Evaluation towers (is_training=False) over `devices`, with the training graph's names,
-    computing in `precision`'s type."""
+    computing in `precision`'s type.
+
+    features: a tensor or dict of tensors, leading dimension B; labels: [B, ...]. B may
+    be unknown until run time and smaller than the number of towers (an evaluation's
+    last batch): a tower that gets no example computes on a copy of one, weighed 0.
+    """
     devices = _check_devices(devices)
     mode = resolve_variable_update("parameter_server", param_device, devices)
     home = mode.home(devices)
     with tf.name_scope("split_batch"):
-        shards = split_batch(features, labels, len(devices))
+        shards, counts = split_padded(features, labels, len(devices))
     towers = build_towers(model_fn, shards, devices, mode.variables, is_training=False,
                           reuse_existing=True, precision=precision_lib.resolve(precision),
                           xla=xla)
-    loss, metrics = _combine_outputs(towers, _example_weights(towers, home), home)
-    return EvalOps(loss, metrics, _concat_predictions(towers, home))
+    loss, metrics = _combine_outputs(towers, _example_weights(counts, home), home)
+    with tf.device(home):
+        num_examples = tf.add_n(counts, name="num_examples")
+    return EvalOps(loss, metrics, _concat_predictions(towers, home, num_examples), num_examples)
 
 
 def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operation:
@@ -174,15 +184,17 @@ def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operati
         return tf.group(mode.sync_op(towers, optimizer), name="init_op")
 
 
-def _concat_predictions(towers: list[Tower], device: str) -> tf.Tensor | None:
-    """The towers' predictions along the batch axis: shards are consecutive slices."""
+def _concat_predictions(towers: list[Tower], device: str,
+                        num_examples: tf.Tensor) -> tf.Tensor | None:
+    """The towers' predictions along the batch axis: shards are consecutive slices, and
+    the padding split_padded adds comes last, so the first num_examples rows are real."""
     predictions = [t.outputs.predictions for t in towers]
     if any(p is None for p in predictions):
         return None
     if len(predictions) == 1:
         return predictions[0]
     with tf.device(device), tf.name_scope("combine_towers"):
-        return tf.concat(predictions, axis=0, name="predictions")
+        return tf.identity(tf.concat(predictions, axis=0)[:num_examples], name="predictions")
 
 
 def _check_devices(devices: Sequence[str]) -> list[str]:
@@ -195,10 +207,11 @@ def _check_devices(devices: Sequence[str]) -> list[str]:
     return list(devices)
 
 
-def _example_weights(towers: list[Tower], device: str) -> list[tf.Tensor]:
-    """Each tower's share of the global batch, float32 scalars summing to 1."""
+def _example_weights(counts: list[tf.Tensor], device: str) -> list[tf.Tensor]:
+    """Each tower's share of the batch's examples (counts: int32 scalars), float32
+    scalars summing to 1."""
     with tf.device(device), tf.name_scope("example_weights"):
-        counts = [tf.cast(t.num_examples, tf.float32) for t in towers]
+        counts = [tf.cast(c, tf.float32) for c in counts]
         total = tf.add_n(counts)
         return [c / total for c in counts]
 

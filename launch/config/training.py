@@ -206,8 +206,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """eval: steps batches of batch_size per evaluation; every_secs is the --watch interval."""
+    """eval: each evaluation scores every example of the evaluation data once, in batches
+    of batch_size; steps, when set, stops it after that many batches. Generated data
+    (synthetic, builtin) is scored on steps batches instead, 20 when steps is null.
+    every_secs is the --watch interval."""
 
-    steps: int = _field(20, positive_int)
+    steps: int | None = _field(None, optional(positive_int))
     batch_size: int = _field(256, positive_int)
     every_secs: float = _field(30.0, number(float, gt=0))

@@ -95,11 +95,12 @@ def shard_files(files: list[str], p: Pipeline) -> tuple[list[str], Pipeline]:
 
 def interleave_files(files: list[str], reader: Callable[[tf.Tensor], tf.data.Dataset],
                      p: Pipeline) -> tf.data.Dataset:
-    """Read ``files`` in parallel (shuffled file order when training), one record each."""
+    """Read ``files`` in parallel (shuffled file order when training), one record each;
+    evaluation reads them one after another, so its examples come in file order."""
     names = tf.data.Dataset.from_tensor_slices(files)
     if p.training:
         names = names.shuffle(len(files), seed=p.seed, reshuffle_each_iteration=True)
-    cycle = min(len(files), MAX_INTERLEAVE_FILES)
+    cycle = min(len(files), MAX_INTERLEAVE_FILES) if p.training else 1
     calls = p.num_parallel_calls if p.num_parallel_calls == AUTOTUNE else min(
         p.num_parallel_calls, cycle)
     return names.interleave(reader, cycle_length=cycle, num_parallel_calls=calls)

@@ -25,6 +25,7 @@ class EvalMetrics:
     _FIXED = {
         "global_step": "Global step of the checkpoint last evaluated",
         "examples_per_sec": "Examples/sec of the last evaluation",
+        "examples": "Examples the last evaluation scored",
     }
 
     def __init__(self, exporter: Exporter, num_towers: int, gpus: GpuCollector | None = None):
@@ -36,7 +37,8 @@ class EvalMetrics:
             "towers_eval_last_timestamp_seconds", "Unix time the last evaluation finished")
 
     def record(self, result: Mapping[str, object]) -> None:
-        """Gauges from one `towers eval` result: global_step, loss, metrics, examples/sec."""
+        """Gauges from one `towers eval` result: global_step, loss, metrics, examples scored
+        and examples/sec."""
         for key, value in result.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -1,10 +1,17 @@
-"""`towers eval`: score a checkpoint, or every new one as training writes them."""
+"""`towers eval`: score a checkpoint, or every new one as training writes them.
+
+An evaluation scores every example of the evaluation data (data.eval_path, else
+data.path) exactly once: the last, partial batch included, each batch's loss and
+metrics weighed by its number of examples. eval.steps, when set, stops it after that
+many batches. A generated source (synthetic, builtin) is scored on a fixed number of
+batches instead, which the log and the result say.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,9 +27,61 @@ from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
+# Generated sources: synthetic repeats one batch without end, builtin makes as many
+# held-out examples as data.num_examples asks (20,000 by default, more than a periodic
+# evaluation needs). Each evaluation takes eval.steps batches, this many when it is null.
+GENERATED_SOURCES = ("synthetic", "builtin")
+GENERATED_SOURCE_BATCHES = 20
+# A stopped evaluator waits at most this long for a trainer still writing the checkpoint
+# directory (the chief of a job stopped with it) to save its final checkpoint, then
+# scores that one: a job's last checkpoint is the one most worth a score.
+WRITER_WAIT_SECS = 20.0
+
 
 class _Stop(Exception):
     """Raised on a stop signal to leave the watch loop between evaluations."""
+
+
+@dataclass(frozen=True)
+class _Extent:
+    """How much of the evaluation data one evaluation reads.
+
+    max_batches: None reads the data to its end. note: for a generated source, what is
+    scored instead of a pass over a data set (in the log and the result).
+    """
+
+    max_batches: int | None
+    note: str | None = None
+
+
+def _extent(job: JobConfig) -> _Extent:
+    """eval.steps batches (None: to the data's end); a generated source, which has no
+    end, eval.steps or GENERATED_SOURCE_BATCHES."""
+    steps, source = job.eval.steps, job.data.source
+    if source not in GENERATED_SOURCES:
+        return _Extent(steps)
+    batches = steps or GENERATED_SOURCE_BATCHES
+    why = "eval.steps" if steps else f"eval.steps is null: {batches} for a generated source"
+    batch = job.eval.batch_size
+    if source == "synthetic":
+        return _Extent(batches, f"data.source synthetic repeats one generated batch, with no "
+                                f"end: an evaluation scores {batches} batches of {batch} ({why})")
+    held_out = job.data.num_examples
+    return _Extent(batches, f"data.source builtin generates {held_out} held-out examples "
+                            f"(data.num_examples): an evaluation scores the first "
+                            f"{min(held_out, batches * batch)}, at most {batches} batches of "
+                            f"{batch} ({why})")
+
+
+def _reading_line(job: JobConfig, reads: _Extent) -> str:
+    """What each evaluation of this job reads, said once at the start."""
+    if reads.note:
+        return reads.note
+    where, batch = data_where(job, training=False), job.eval.batch_size
+    if reads.max_batches is None:
+        return f"evaluating every example of {where} once, in batches of {batch}"
+    return (f"evaluating at most {reads.max_batches} batches of {batch} of {where} "
+            "(eval.steps)")
 
 
 def _build(plan: Plan, skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
@@ -36,40 +95,53 @@ def _build(plan: Plan, skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1
     return ops, V1.train.Saver()
 
 
-def _score(plan: Plan, ops: towers.EvalOps, saver, checkpoint: str,
-           predictions: str | None = None) -> dict:
-    """Mean loss and metrics over eval.steps batches, from a fresh session.
+def _batches(sess: V1.Session, fetches, max_batches: int | None) -> Iterator:
+    """sess.run(fetches) for each batch, until the input ends or after max_batches."""
+    taken = 0
+    while max_batches is None or taken < max_batches:
+        try:
+            yield sess.run(fetches)
+        except tf.errors.OutOfRangeError:
+            return
+        taken += 1
 
-    A fresh session restarts the input, so every checkpoint is scored on the
-    same examples and scores are comparable across checkpoints.
-    predictions: a .npy path to write the model's predictions for those examples to,
-    [eval.steps * eval.batch_size, ...] in the order the data gave them.
+
+def _score(plan: Plan, ops: towers.EvalOps, saver, checkpoint: str, reads: _Extent,
+           predictions: str | None = None) -> dict:
+    """Loss and metrics, each the mean over every example scored, from a fresh session.
+
+    A fresh session restarts the input, so every checkpoint is scored on the same
+    examples and scores are comparable across checkpoints. Each batch's means weigh
+    by its number of examples, so a partial last batch counts for what it holds.
+    predictions: a .npy path to write the model's predictions to, [examples, ...], one
+    row per example scored, in the order the data holds them.
     """
     fetches = {"loss": ops.loss, **ops.metrics}
-    totals: dict[str, list[float]] = {name: [] for name in fetches}
-    predicted = []
+    sums = dict.fromkeys(fetches, 0.0)
+    examples, predicted = 0, []
     with V1.Session(config=plan.session) as sess:
         saver.restore(sess, checkpoint)
         sess.run(V1.local_variables_initializer())
-        for _ in range(plan.job.eval.steps):
-            values, batch = sess.run([fetches, ops.predictions if predictions else []])
+        run = [fetches, ops.num_examples, ops.predictions if predictions else []]
+        for values, count, rows in _batches(sess, run, reads.max_batches):
             for name, value in values.items():
-                totals[name].append(float(value))
-            predicted.append(batch)
-    result = {"global_step": checkpoints.step_of(checkpoint)}
-    result.update({name: float(np.mean(values)) for name, values in totals.items()})
+                sums[name] += float(value) * int(count)
+            examples += int(count)
+            predicted.append(rows)
+    if examples == 0:
+        key = "data.eval_path" if plan.job.data.eval_path else "data.path"
+        raise data.DataError(f"{key}: {data_where(plan.job, training=False)} holds no examples "
+                             "to evaluate")
+    result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples}
+    result.update({name: total / examples for name, total in sums.items()})
     if predictions:
         np.save(predictions, np.concatenate(predicted))
     return result
 
 
-def _write_summaries(summary_dir: str, result: dict) -> None:
+def _write_summaries(summary_dir: str, result: dict, names: list[str]) -> None:
     writer = V1.summary.FileWriterCache.get(summary_dir)
-    values = [
-        V1.Summary.Value(tag=f"eval/{k}", simple_value=v)
-        for k, v in result.items()
-        if k not in ("global_step", "checkpoint", "examples_per_sec")
-    ]
+    values = [V1.Summary.Value(tag=f"eval/{name}", simple_value=result[name]) for name in names]
     writer.add_summary(V1.Summary(value=values), result["global_step"])
     writer.flush()
 
@@ -87,7 +159,8 @@ def evaluate(
     """Evaluate one checkpoint (default: the latest), or with watch=True each new one.
 
     Watching stops after the checkpoint at train.steps, after `timeout` seconds
-    without a new checkpoint, or on SIGTERM/SIGINT. Returns the last result.
+    without a new checkpoint, or on SIGTERM/SIGINT, after scoring the newest
+    checkpoint not yet scored (see _score_before_stopping). Returns the last result.
     exporter: where to publish each result (None: not serving).
     predictions: with one checkpoint, also write the model's predictions for the
     examples scored to this .npy file.
@@ -101,6 +174,7 @@ def evaluate(
             checkpoint or train_dir, "--checkpoint" if checkpoint else "train.checkpoint_dir",
             write,
         )
+    reads = _extent(job)
     skipped = data.SkippedRecords(data_where(job, training=False), write)
     graph = tf.Graph()
     with graph.as_default(), data.input_errors(data_where(job, training=False)):
@@ -109,7 +183,8 @@ def evaluate(
             raise checkpoints.CheckpointError(
                 f"--predictions: model {plan.model.name} returns no predictions "
                 f"(towers.TowerOutputs(loss, metrics, predictions=...))")
-        scorer = _Scorer(plan, ops, saver, summary_dir, exporter, write)
+        write(_reading_line(job, reads))
+        scorer = _Scorer(plan, ops, saver, reads, summary_dir, exporter, write)
         if not watch:
             return scorer(path, predictions)
         return _watch(plan, scorer, timeout, write)
@@ -122,6 +197,7 @@ class _Scorer:
     plan: Plan
     ops: towers.EvalOps
     saver: V1.train.Saver
+    reads: _Extent
     summary_dir: str
     exporter: metrics.Exporter | None
     write: Callable[[str], None]
@@ -129,14 +205,15 @@ class _Scorer:
     def __call__(self, path: str, predictions: str | None = None) -> dict:
         plan = self.plan
         start = time.perf_counter()
-        result = _score(plan, self.ops, self.saver, path, predictions)
-        examples = plan.job.eval.steps * plan.job.eval.batch_size
-        result["examples_per_sec"] = examples / max(time.perf_counter() - start, 1e-9)
+        result = _score(plan, self.ops, self.saver, path, self.reads, predictions)
+        result["examples_per_sec"] = result["examples"] / max(time.perf_counter() - start, 1e-9)
         result["checkpoint"] = path
-        _write_summaries(self.summary_dir, result)
+        _write_summaries(self.summary_dir, result, ["loss", *self.ops.metrics])
         metrics.record_eval(self.exporter, result, len(plan.devices), plan.job.session)
         shown = " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float))
-        self.write(f"eval step {result['global_step']}: {shown}")
+        self.write(f"eval step {result['global_step']}: {shown} ({result['examples']} examples)")
+        if self.reads.note:
+            result["note"] = self.reads.note
         if predictions:
             result["predictions"] = predictions
         return result
@@ -149,26 +226,81 @@ def _raise_stop(name: str) -> None:
 def _watch(plan: Plan, score: _Scorer, timeout: float | None, write) -> dict:
     result: dict = {}
     write(f"watching {plan.job.train.checkpoint_dir} for checkpoints")
-    try:
-        with StopSignals(_raise_stop):
+    with StopSignals(_raise_stop):
+        try:
             for path in V1.train.checkpoints_iterator(
                 plan.job.train.checkpoint_dir,
                 min_interval_secs=plan.job.eval.every_secs,
                 timeout=timeout,
             ):
-                # Damaged (a crash mid-write), or deleted by the trainer's max_to_keep
-                # since it was announced: pass over it, as the trainer does at start.
-                problem = checkpoints.restore_problem(path)
-                if problem is not None:
-                    write(f"checkpoint {path} cannot be restored: {problem}; skipping it")
-                    continue
-                result = score(path)
-                if result["global_step"] >= plan.job.train.steps:
+                result = _score_restorable(score, path, write) or result
+                if result.get("global_step", -1) >= plan.job.train.steps:
                     break
-    except _Stop:
-        write("stopping on signal")
+        except _Stop:
+            result = _score_before_stopping(plan, score, result, write) or result
     if not result:
         raise checkpoints.CheckpointError(
             f"train.checkpoint_dir: no checkpoint appeared in {plan.job.train.checkpoint_dir}"
         )
     return result
+
+
+def _score_restorable(score: _Scorer, path: str, write) -> dict | None:
+    """score(path), or None for a checkpoint damaged (a crash mid-write) or deleted by the
+    trainer's max_to_keep since it was announced: passed over, as the trainer does at start."""
+    problem = checkpoints.restore_problem(path)
+    if problem is not None:
+        write(f"checkpoint {path} cannot be restored: {problem}; skipping it")
+        return None
+    return score(path)
+
+
+def _score_before_stopping(plan: Plan, score: _Scorer, last: dict, write) -> dict | None:
+    """On a stop request: once a trainer still writing checkpoint_dir has ended (at most
+    WRITER_WAIT_SECS), score the newest checkpoint not scored yet, if there is one.
+    One more evaluation at most; a second stop request ends it at once."""
+    directory = plan.job.train.checkpoint_dir
+    write("stopping on signal; a second one stops at once")
+    with StopSignals(_raise_stop):
+        try:
+            _wait_for_writer(directory, write)
+            newest = _newest_restorable(directory, write)
+            if newest is None or checkpoints.step_of(newest) <= last.get("global_step", -1):
+                write("no checkpoint newer than the last one scored; stopping")
+                return None
+            write(f"scoring {newest}, the newest checkpoint, before stopping")
+            return score(newest)
+        except _Stop:
+            write("stopping now, on the second signal")
+            return None
+
+
+def _newest_restorable(directory: str, write) -> str | None:
+    try:
+        return checkpoints.newest_restorable(directory, "train.checkpoint_dir", write)
+    except checkpoints.CheckpointError:  # none there, or none that restores
+        return None
+
+
+def _wait_for_writer(directory: str, write) -> None:
+    """Wait while a trainer holds `directory` (its lock file is there: a trainer removes
+    it as it ends, after its final checkpoint), at most WRITER_WAIT_SECS. A file left by
+    a trainer that was killed costs the wait, no more."""
+    lock = os.path.join(directory, checkpoints.LOCK_FILE)
+    holder = _read_holder(lock)
+    if holder is None:
+        return
+    write(f"waiting up to {WRITER_WAIT_SECS:g} s for the trainer writing {directory} "
+          f"({holder}) to save its final checkpoint")
+    deadline = time.monotonic() + WRITER_WAIT_SECS
+    while os.path.exists(lock) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _read_holder(lock: str) -> str | None:
+    """Who holds a checkpoint directory, as its lock file names them; None when no one."""
+    try:
+        with open(lock) as f:
+            return f.read().strip() or "a trainer"
+    except FileNotFoundError:
+        return None

@@ -10,7 +10,7 @@ import tensorflow as tf
 import models
 import towers
 from launch import data, modelref
-from launch.config import JobConfig
+from launch.config import DataConfig, JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, session_config, tower_devices
 from launch.errors import BadInput
 from launch.runtime import checkpoints
@@ -191,9 +191,20 @@ def check_eval_data(plan: Plan) -> None:
                       label_column=cfg.label_column, schema=cfg.schema)
 
 
+def _repeats(cfg: DataConfig, training: bool) -> bool:
+    """Whether the input starts again at its end. Training data repeats until train.steps
+    unless data.epochs bounds it. Evaluation data is read once, so every example counts
+    once; only synthetic data, one generated batch, repeats (an evaluation takes a fixed
+    number of its batches)."""
+    if training:
+        return not cfg.epochs
+    return cfg.source == "synthetic"
+
+
 def input_tensors(plan: Plan, training: bool, batch_size: int,
                   skipped: data.SkippedRecords | None = None):
-    """features, labels of one global batch, produced on the host CPU.
+    """features, labels of one global batch, produced on the host CPU: [B, ...], B =
+    batch_size, except an evaluation's last batch, which holds what is left.
 
     skipped: where to count records skipped under ``data.on_bad_record: skip``.
     """
@@ -217,7 +228,7 @@ def input_tensors(plan: Plan, training: bool, batch_size: int,
             schema=cfg.schema,
             image=cfg.image,
             skipped=skipped if cfg.on_bad_record == "skip" else None,
-            repeat=not (training and cfg.epochs),
+            repeat=_repeats(cfg, training),
         )
         if training and cfg.epochs and cfg.epochs > 1:
             dataset = dataset.repeat(cfg.epochs)  # each pass shuffled afresh, as repeat() is

@@ -85,27 +85,44 @@ def test_sigterm_saves_a_checkpoint_that_resumes_and_evaluates(tmp_path):
     scored = ok(run_towers("eval", *args))
     assert scored["global_step"] == resumed["global_step"]
     assert {"loss", "accuracy", "examples_per_sec"} <= set(scored)
+    assert scored["examples"] == 2 * 32  # builtin data: eval.steps batches of eval.batch_size
     assert os.listdir(ckpt / "eval"), "eval wrote no summaries"
 
 
-def test_eval_watch_scores_checkpoints_as_they_appear(tmp_path):
+def test_eval_watch_scores_checkpoints_as_they_appear_and_the_trainers_last_when_stopped(
+        tmp_path):
     ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--set", f"train.checkpoint_dir={ckpt}", "--set", "eval.every_secs=1"]
-    watcher = start_towers("eval", *args, "--set", "train.steps=30", "--watch",
-                           "--timeout", "120")
+    args = [*FAST, "--set", f"train.checkpoint_dir={ckpt}", "--set", "eval.every_secs=1",
+            "--set", "train.steps=100000"]
+    watcher = start_towers("eval", *args, "--watch", "--timeout", "120")
+    trainer = None
     try:
-        # Three runs of 10 steps: each checkpoint stays the newest for a whole
-        # process start-up, far longer than the watcher's 1 s poll.
-        for steps in (10, 20, 30):
+        # Two runs of 10 steps: each checkpoint stays the newest for a whole process
+        # start-up, far longer than the watcher's 1 s poll.
+        for steps in (10, 20):
             ok(run_towers("train", *args, "--set", f"train.steps={steps}"))
+        # Then a run stopped with the watcher, as an orchestrator stops a whole job: the
+        # trainer saves its final checkpoint after the watcher got its signal.
+        trainer = start_towers("train", *args, "--set", "train.log_every_steps=1",
+                               "--set", "train.checkpoint_every_steps=100000")
+        seen, deadline = "", time.monotonic() + 120
+        while "step 25/" not in seen and time.monotonic() < deadline:
+            seen += trainer.stderr.readline()
+        assert "step 25/" in seen, seen[-2000:]
+        trainer.send_signal(signal.SIGTERM)
+        watcher.send_signal(signal.SIGTERM)
+        trained, _ = trainer.communicate(timeout=120)
         out, err = watcher.communicate(timeout=120)
     finally:
-        if watcher.poll() is None:
-            watcher.kill()
-            watcher.wait()
-    assert watcher.returncode == 0, err[-2000:]
-    assert last_json(out)["global_step"] == 30
-    assert "eval step 10:" in err and "eval step 20:" in err and "eval step 30:" in err, err
+        for proc in (watcher, trainer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert trainer.returncode == 0 and watcher.returncode == 0, err[-2000:]
+    final = last_json(trained)["global_step"]
+    assert final >= 25 and last_json(out)["global_step"] == final
+    assert "eval step 10:" in err and "eval step 20:" in err, err
+    assert f"scoring {ckpt / f'model.ckpt-{final}'}, the newest checkpoint, before stopping" in err
 
 
 def write_npz(path, n=64, dim=8, seed=0):

@@ -135,6 +135,37 @@ def test_eval_ops_match_one_device(graph):
     assert got.metrics["accuracy"] == pytest.approx(want.metrics["accuracy"], abs=1e-6)
 
 
+@pytest.mark.parametrize("model_name", ["mlp", "convnet"])
+@pytest.mark.parametrize("batch", [1, 2, 5])
+@pytest.mark.parametrize("known", [True, False], ids=["static", "dynamic"])
+def test_eval_batches_smaller_than_the_towers_match_one_device(graph, model_name, batch, known):
+    # An evaluation's last batch may hold fewer examples than there are towers: a tower
+    # given none weighs 0 and adds nothing, not the NaN of its mean over nothing.
+    model = models.build(model_name, SMALL[model_name])
+    (x, y), = image_batches(model.input_spec, batch, 1)
+    if known:
+        features, labels, feed = tf.constant(x), tf.constant(y), {}
+    else:
+        features = tf.compat.v1.placeholder(tf.float32, [None, *x.shape[1:]])
+        labels = tf.compat.v1.placeholder(tf.int32, [None])
+        feed = {features: x, labels: y}
+    ops = towers.build_eval_ops(model.model_fn, features, labels, cpus(3))
+    single = towers.build_eval_ops(model.model_fn, features, labels, ["/cpu:0"])
+    with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        got, want = sess.run([ops, single], feed)
+    assert got.num_examples == want.num_examples == batch
+    assert np.isfinite(got.loss) and got.loss == pytest.approx(want.loss, abs=1e-5)
+    assert got.metrics["accuracy"] == pytest.approx(want.metrics["accuracy"], abs=1e-6)
+    np.testing.assert_allclose(got.predictions, want.predictions, atol=1e-6)
+
+
+def test_training_still_refuses_a_batch_that_leaves_a_tower_without_examples(graph):
+    with pytest.raises(ValueError, match="cannot give each of 3 towers at least one example"):
+        towers.build_train_op(tiny_classifier, tf.zeros([2, 4]), tf.zeros([2], tf.int32),
+                              momentum(), cpus(3))
+
+
 # --- errors a model author or caller can make ------------------------------------------------
 
 def test_later_tower_asking_for_a_new_variable_is_named(graph):

@@ -93,7 +93,7 @@ train:
   on_nonfinite: stop
   max_nonfinite_steps: 10
 eval:
-  steps: 20
+  steps: null
   batch_size: 256
   every_secs: 30
 session:
