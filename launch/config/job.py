@@ -77,6 +77,11 @@ class DataConfig:
     """data: where examples come from and how the input pipeline reads them.
 
     path / eval_path: None or a non-empty tuple of files or globs (npz, csv, tfrecord only).
+    label_column (csv): the header's name of the class-id column. feature_columns (csv):
+    the header's names of the feature columns, in the order the model takes them;
+    None: every column but the label, in file order. Columns not named are not read.
+    num_classes (npz, csv): how many classes the labels are ids of; None: the largest
+    training label plus one. Set it when the training labels leave out the last classes.
     num_parallel_calls / prefetch: 'auto' (tf.data.AUTOTUNE) or a positive int.
     threads: the input pipeline's own pool of that many threads; 'auto' shares
     TensorFlow's inter-op pool.
@@ -99,6 +104,9 @@ class DataConfig:
     eval_path: tuple[str, ...] | None = _field(None, optional(tuple_of(
         string, allow_single=True, non_empty=True)))
     label_column: str = _field("label", string)
+    feature_columns: tuple[str, ...] | None = _field(None, optional(unique(tuple_of(
+        string, non_empty=True))))
+    num_classes: int | None = _field(None, optional(positive_int))
     shuffle_buffer: int = _field(10000, number(int, ge=0))
     num_parallel_calls: int | str = _field(AUTO, auto_or(positive_int, "a positive integer"))
     prefetch: int | str = _field(AUTO, auto_or(positive_int, "a positive integer"))
@@ -125,6 +133,22 @@ class DataConfig:
         if values["schema"] is not None and source != "tfrecord":
             raise Invalid(f"only used when data.source is 'tfrecord', but it is {source!r}",
                           "schema", ["source"])
+        _check_columns(values, source)
+
+
+def _check_columns(values: dict[str, Any], source: str) -> None:
+    """data.feature_columns and data.num_classes: where they apply, and the label apart."""
+    if values["feature_columns"] is not None and source != "csv":
+        raise Invalid(f"only used when data.source is 'csv', but it is {source!r}",
+                      "feature_columns", ["source"])
+    if values["num_classes"] is not None and source not in ("npz", "csv"):
+        hint = " (a TFRecord source states it in data.schema.num_classes)" if (
+            source == "tfrecord") else ""
+        raise Invalid(f"only used when data.source is 'npz' or 'csv', but it is "
+                      f"{source!r}{hint}", "num_classes", ["source"])
+    if values["label_column"] in (values["feature_columns"] or ()):
+        raise Invalid(f"names the label column {values['label_column']!r}: the label is not "
+                      "a feature", "feature_columns", ["label_column"])
 
 
 @dataclass(frozen=True)

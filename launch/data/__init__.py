@@ -6,8 +6,9 @@
     tfrecord    TFRecord datasets by schema, and their up-front checks
     images      decode, augmentation, centre crop, normalisation (data.image)
     infer       the input spec the data implies; a model's and the data's checked together
-    formats     paths and globs; npz and CSV files
-    skips       bad records mid-run: counted and skipped, or one clear error
+    formats     paths and globs; npz files
+    csv_table   CSV files, read and checked whole, row by row
+    skips       bad records: named and counted when skipped, one clear error otherwise
     builtin     the generated, learnable data set of `data.source: builtin`
     errors      DataError, the one error of every source
     converters  `towers data convert`: the formats people have, to sharded TFRecords
@@ -18,7 +19,7 @@ from launch.data.errors import DataError
 from launch.data.formats import describe, resolve_files
 from launch.data.infer import DataSpec, check_agreement, data_spec, resolve_input_spec
 from launch.data.pipeline import SOURCES, check_source, input_tensors, load_arrays, make_dataset
-from launch.data.skips import SkippedRecords, input_errors
+from launch.data.skips import SkippedRecords, input_errors, ordinal
 from launch.data.stream import files_of_shard
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "input_tensors",
     "load_arrays",
     "make_dataset",
+    "ordinal",
     "resolve_files",
     "resolve_input_spec",
 ]

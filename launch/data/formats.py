@@ -1,18 +1,16 @@
-"""Files: paths and globs resolved, and the array formats, npz and CSV.
+"""Files: paths and globs resolved, and npz files.
 
-Each format can be checked up front against the input spec (headers, the first rows)
-and loaded whole into arrays; errors are DataErrors naming the file and, where there
-is one, the line. TFRecord files are in ``launch.data.tfrecord``.
+An npz is checked up front against the input spec (its arrays' headers, its labels)
+and loaded whole into arrays; errors are DataErrors naming the file. CSV files are
+in ``launch.data.csv_table``, TFRecord files in ``launch.data.tfrecord``.
 """
 
 from __future__ import annotations
 
-import csv
-import itertools
 import math
 import os
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -20,8 +18,6 @@ import tensorflow as tf
 from launch.data.errors import DataError
 from models import InputSpec
 
-# check_source parses this many rows at the start of every CSV file.
-CHECK_RECORDS = 8
 NPZ_KEYS = (("features", "labels"), ("x", "y"))
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike] | None
@@ -134,12 +130,13 @@ def _check_array(name: str, what: str, shape: tuple[int, ...], dtype: np.dtype,
 def _check_npz_meta(name: str, headers: dict, spec: InputSpec) -> tuple[str, str]:
     feature_key, label_key = _npz_keys(name, list(headers))
     (f_shape, f_dtype), (l_shape, l_dtype) = headers[feature_key], headers[label_key]
+    if not f_shape or not l_shape or f_shape[0] == 0 or l_shape[0] == 0:
+        raise DataError(f"{name}: no examples: {feature_key!r} has shape {tuple(f_shape)}, "
+                        f"{label_key!r} {tuple(l_shape)}")
     _check_array(name, "features", f_shape, f_dtype, spec.feature_shape, spec.feature_dtype)
     _check_array(name, "labels", l_shape, l_dtype, spec.label_shape, tf.int64)
     if f_shape[0] != l_shape[0]:
         raise DataError(f"{name}: {f_shape[0]} feature rows but {l_shape[0]} label rows")
-    if f_shape[0] == 0:
-        raise DataError(f"{name}: no examples")
     return feature_key, label_key
 
 
@@ -173,98 +170,11 @@ def load_npz(name: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_label_values(name: str, labels: np.ndarray, spec: InputSpec) -> None:
-    if labels.size and (labels.min() < 0 or labels.max() >= spec.num_classes):
-        raise DataError(f"{name}: labels span [{labels.min()}, {labels.max()}], "
-                        f"outside [0, {spec.num_classes})")
-
-
-# ---------------------------------------------------------------------------- csv
-
-
-def _csv_rows(name: str) -> Iterator[list[str]]:
-    """The rows of a CSV file, header first (read lazily)."""
-    try:
-        with tf.io.gfile.GFile(name, "r") as lines:
-            yield from csv.reader(lines)
-    except (OSError, UnicodeDecodeError, tf.errors.OpError) as err:
-        raise read_error(name, err) from None
-
-
-def csv_header(name: str) -> list[str]:
-    """The header row of a CSV file."""
-    reader = _csv_rows(name)
-    header = next(reader, None)
-    reader.close()
-    if header is None:
-        raise DataError(f"{name}: empty file, expected a CSV header row")
-    return header
-
-
-def _check_csv_header(name: str, header: list[str], spec: InputSpec, label_column: str) -> int:
-    """The label column's index; DataError if it is missing or the column count is off."""
-    header = [column.strip() for column in header]
-    if label_column not in header:
-        shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
-        raise DataError(f"{name}: the CSV header has no label column {label_column!r} "
-                        f"(columns: {shown or 'none'})")
-    if len(header) != spec.num_features + 1:
-        raise DataError(f"{name}: the CSV has {len(header)} columns, expected "
-                        f"{spec.num_features + 1} ({spec.num_features} features for shape "
-                        f"{spec.feature_shape} plus {label_column!r})")
-    if spec.label_shape != ():
-        raise DataError(f"{name}: CSV holds one label per row, the spec wants label shape "
-                        f"{spec.label_shape}")
-    return header.index(label_column)
-
-
-def _check_csv_row(name: str, line: int, row: list[str], label_index: int,
-                   spec: InputSpec) -> None:
-    if len(row) != spec.num_features + 1:
-        raise DataError(f"{name}: line {line} has {len(row)} fields, expected "
-                        f"{spec.num_features + 1}")
-    try:
-        values = np.array([float(field) for field in row])
-        label = int(row[label_index])
-    except ValueError as err:
-        raise DataError(f"{name}: line {line} does not parse: {err}") from None
-    if spec.int_features and not np.array_equal(values, np.round(values)):
-        raise DataError(f"{name}: line {line} has non-integer features for a "
-                        f"{spec.feature_dtype.name} spec")
-    if not 0 <= label < spec.num_classes:
-        raise DataError(f"{name}: line {line} has label {label}, outside "
-                        f"[0, {spec.num_classes})")
-
-
-def check_csv(files: list[str], spec: InputSpec, label_column: str, rows: int) -> int:
-    """Check each file's header (all alike) and its first ``rows`` rows; the label index."""
-    label_index, first_header = -1, None
-    for name in files:
-        reader = _csv_rows(name)
-        header = next(reader, None)
-        if header is None:
-            raise DataError(f"{name}: empty file, expected a CSV header row")
-        label_index = _check_csv_header(name, header, spec, label_column)
-        if first_header is not None and header != first_header:
-            raise DataError(f"{name}: the CSV header differs from the one of {files[0]}")
-        first_header = header
-        for line, row in enumerate(itertools.islice(reader, rows), start=2):
-            if row:
-                _check_csv_row(name, line, row, label_index, spec)
-        reader.close()
-    return label_index
-
-
-def load_csv(files: list[str], spec: InputSpec, label_index: int) -> tuple[np.ndarray, np.ndarray]:
-    """features [N, num_features] and labels [N] of checked CSV files, parsed by numpy."""
-    parts = []
-    for name in files:
-        try:
-            with tf.io.gfile.GFile(name, "r") as lines:
-                parts.append(np.loadtxt(lines, delimiter=",", skiprows=1, ndmin=2))
-        except (OSError, ValueError, tf.errors.OpError) as err:
-            raise DataError(f"{name}: CSV does not parse: {err}") from None
-    table = np.concatenate(parts)
-    labels = table[:, label_index]
-    if not np.array_equal(labels, np.round(labels)):
-        raise DataError(f"{describe(files, files)}: the label column holds non-integers")
-    return np.delete(table, label_index, axis=1), labels.astype(np.int64)
+    """labels [N, ...]: DataError naming the first example (0-based) with a label
+    outside [0, num_classes)."""
+    outside = np.argwhere((labels < 0) | (labels >= spec.num_classes))
+    if len(outside):
+        value = labels[tuple(outside[0])]
+        raise DataError(f"{name}: example {outside[0][0]} (counted from 0) has label {value}, "
+                        f"outside [0, {spec.num_classes}); the labels span "
+                        f"[{labels.min()}, {labels.max()}]")

@@ -13,15 +13,19 @@ Sources (``source=``):
 * ``builtin``: the learnable data set of :mod:`launch.data.builtin`, generated from
   ``seed``; ``training=False`` gives the held-out split.
 * ``npz``: one ``.npz`` file with arrays ``features``/``labels`` (or ``x``/``y``).
-* ``csv``: files with a header row, an integer label column named ``label_column`` and
-  ``prod(feature_shape)`` numeric feature columns.
+* ``csv``: files with a header row, a label column named ``label_column`` of class ids
+  and ``prod(feature_shape)`` numeric feature columns (``feature_columns``, or every
+  other column), read and checked whole before training and held in memory
+  (:mod:`launch.data.csv_table`).
 * ``tfrecord``: sharded files of ``tf.train.Example``, read in parallel, laid out as
   ``schema`` says (:mod:`launch.data.record_schema`): numeric lists, raw pixels or encoded
   JPEG/PNG images (decoded, augmented and normalised as ``image`` says,
   :mod:`launch.data.images`); without a schema, a ``features`` float (int64 for integer
   specs) list and a ``label`` or ``labels`` int64 list.
 
-Every file pipeline is: records -> shard -> shuffle (training, seeded) -> repeat ->
+Every in-memory pipeline (builtin, npz, csv) is: example indices -> shard -> shuffle
+(training, seeded, the whole epoch) -> repeat -> batch -> gather -> prefetch. Every
+TFRecord pipeline is: records -> shard -> shuffle (training, seeded) -> repeat ->
 batch -> parse -> prefetch (:mod:`launch.data.stream`). Batches are full
 (``drop_remainder=True``, static batch dimension) whenever the stream is infinite or
 ``training`` is set; a finite evaluation stream keeps its last, partial batch so that
@@ -33,21 +37,20 @@ trainer runs, then take tensors with :func:`input_tensors`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import tensorflow as tf
 
 from launch.config import DATA_SOURCES as SOURCES  # config, the lower layer, owns the list
 from launch.config import ImageConfig, RecordSchemaConfig
 from launch.data.builtin import builtin_arrays, builtin_kind
+from launch.data.csv_table import csv_examples
 from launch.data.errors import DataError
 from launch.data.formats import (
-    CHECK_RECORDS,
     PathArg,
-    check_csv,
-    check_label_values,
     check_npz,
     describe,
-    load_csv,
     load_npz,
     resolve_files,
     single_file,
@@ -58,11 +61,8 @@ from launch.data.stream import (
     Pipeline,
     autotune,
     batched,
-    checked_labels,
     files_of_shard,
     finish_batch,
-    interleave_files,
-    per_record,
     pipeline_options,
     shard_files,
 )
@@ -126,32 +126,20 @@ def _synthetic_dataset(spec: InputSpec, p: Pipeline, num_examples: int) -> tf.da
     return dataset.prefetch(p.prefetch)
 
 
-def _csv_dataset(files: list[str], spec: InputSpec, label_index: int, where: str,
-                 p: Pipeline) -> tf.data.Dataset:
-    """CSV lines -> batches; ``tf.io.decode_csv`` (the parser behind ``CsvDataset`` and
-    ``make_csv_dataset``) decodes a whole batch of lines at once, or, when bad lines
-    are skipped, one line at a time."""
-    feature_type = tf.int64 if spec.int_features else tf.float32
-    defaults = [tf.constant([], feature_type)] * (spec.num_features + 1)
-    defaults[label_index] = tf.constant([], tf.int64)
-    batch = p.batch_size if p.drop_remainder else None
-
-    def read(name: tf.Tensor) -> tf.data.Dataset:
-        return tf.data.TextLineDataset(name).skip(1)  # the header row
-
-    def columns_of(lines: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        columns = tf.io.decode_csv(lines, defaults)
-        labels = checked_labels(columns.pop(label_index), spec, where)
-        return tf.stack(columns, axis=-1), labels
-
-    files, p = shard_files(files, p)
-    lines = interleave_files(files, read, p)
-    lines = lines.filter(lambda line: tf.strings.length(tf.strings.strip(line)) > 0)
-    if p.skipped is not None:
-        return per_record(lines, p, p.shuffle_buffer, lambda _, line: columns_of(line),
-                          lambda _, x, y: finish_batch(x, y, spec, batch))
-    return batched(lines, p, p.shuffle_buffer,
-                   lambda _, lines: finish_batch(*columns_of(lines), spec, batch))
+def _csv_dataset(spec: InputSpec, path: PathArg, label_column: str,
+                 feature_columns: Sequence[str] | None, p: Pipeline) -> tf.data.Dataset:
+    """CSV rows, read and checked whole (:mod:`launch.data.csv_table`), as batches of
+    in-memory arrays. A reader's share is its files when there are enough of them
+    (files_of_shard), else every n-th row. Rows left out under ``skip`` are logged and
+    counted here, once: they are not part of the data set."""
+    files = resolve_files(path, "csv")
+    mine, p = shard_files(files, p)
+    examples = csv_examples(files, spec, label_column, feature_columns,
+                            skip=p.skipped is not None, mine=mine)
+    if examples.bad_count:
+        p.skipped.skipped([str(row) for row in examples.bad], examples.bad_count)
+    return _array_dataset(examples.features.reshape(-1, *spec.feature_shape), examples.labels,
+                          spec, p)
 
 
 def _record_schema(files: list[str], spec: InputSpec, schema: RecordSchemaConfig | None,
@@ -165,7 +153,8 @@ def _record_schema(files: list[str], spec: InputSpec, schema: RecordSchemaConfig
 
 
 def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg = None,
-                 label_column: str = "label", shuffle_buffer: int = 10000,
+                 label_column: str = "label", feature_columns: Sequence[str] | None = None,
+                 shuffle_buffer: int = 10000,
                  num_parallel_calls: int | None = None, prefetch: int | None = None,
                  num_examples: int = 20000, seed: int = 0, training: bool = True,
                  repeat: bool = True, shard: tuple[int, int] = (0, 1),
@@ -178,17 +167,21 @@ def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg
     ``path`` as given) without shuffling or augmenting. ``num_parallel_calls``/
     ``prefetch``: None (or 'auto') means ``tf.data.AUTOTUNE``. ``num_examples`` sizes
     the builtin split (and a non-repeating synthetic stream). In-memory sources
-    (builtin, npz) shuffle whole epochs of indices; file sources use ``shuffle_buffer``
-    records. ``schema`` / ``image``: a TFRecord source's layout and image options
-    (``data.schema``, ``data.image``). ``skipped``: skip records that fail to parse or
-    decode (csv, tfrecord) and count them there; None fails instead. ``threads``: run
-    the pipeline on its own pool of that many threads (None: TensorFlow's inter-op
-    pool). ``shard=(i, n)``:
-    this reader's part, so n readers (workers, Horovod ranks) see disjoint data: files
-    i, i + n, ... when there are at least n files, else every n-th example. The ops are
-    built in the default graph on /cpu:0. Cheap checks run here (headers, first
-    records, npz arrays); :func:`check_source` is the thorough pre-flight. Raises
-    DataError.
+    (builtin, npz, csv) shuffle whole epochs of indices; TFRecord sources use
+    ``shuffle_buffer`` records. ``label_column`` / ``feature_columns``: a CSV source's
+    columns (``data.label_column``, ``data.feature_columns``; None: every column but the
+    label). ``schema`` / ``image``: a TFRecord source's layout and image options
+    (``data.schema``, ``data.image``). ``skipped``: leave out records that fail to parse
+    or decode (csv, tfrecord), naming and counting them there; None fails instead: a
+    DataError naming the file and the record, or, for what only decoding finds, a
+    TensorFlow error mid-run that :func:`launch.data.input_errors` turns into one.
+    ``threads``: run the pipeline on its own pool of that many threads (None:
+    TensorFlow's inter-op pool). ``shard=(i, n)``: this reader's part, so n readers
+    (workers, Horovod ranks) see disjoint data: files i, i + n, ... when there are at
+    least n files, else every n-th example. The ops are
+    built in the default graph on /cpu:0. Cheap checks run here (a CSV or an npz is
+    read whole, a TFRecord's first record); :func:`check_source` is the thorough
+    pre-flight. Raises DataError.
     """
     if source not in SOURCES:
         raise DataError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
@@ -204,19 +197,17 @@ def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg
             arrays = (builtin_arrays(spec, num_examples, seed, training) if source == "builtin"
                       else load_arrays("npz", spec, path))
             dataset = _array_dataset(*arrays, spec, p)
+        elif source == "csv":
+            dataset = _csv_dataset(spec, path, label_column, feature_columns, p)
         else:
-            dataset = _file_dataset(source, spec, path, label_column, schema, image, p)
+            dataset = _tfrecord_dataset(spec, path, schema, image, p)
         return dataset.with_options(pipeline_options(threads))
 
 
-def _file_dataset(source: str, spec: InputSpec, path: PathArg, label_column: str,
-                  schema: RecordSchemaConfig | None, image: ImageConfig | None,
-                  p: Pipeline) -> tf.data.Dataset:
-    files = resolve_files(path, source)
+def _tfrecord_dataset(spec: InputSpec, path: PathArg, schema: RecordSchemaConfig | None,
+                      image: ImageConfig | None, p: Pipeline) -> tf.data.Dataset:
+    files = resolve_files(path, "tfrecord")
     where = describe(path, files)
-    if source == "csv":
-        label_index = check_csv(files, spec, label_column, rows=1)
-        return _csv_dataset(files, spec, label_index, where, p)
     record = _record_schema(files, spec, schema, where)
     check_first_record(files, record, where)
     return tfrecord_dataset(files, record, spec, image or ImageConfig(), where, p)
@@ -224,34 +215,41 @@ def _file_dataset(source: str, spec: InputSpec, path: PathArg, label_column: str
 
 def check_source(source: str, spec: InputSpec, path: PathArg = None,
                  label_column: str = "label", schema: RecordSchemaConfig | None = None,
-                 shard: tuple[int, int] = (0, 1)) -> None:
+                 shard: tuple[int, int] = (0, 1), *,
+                 feature_columns: Sequence[str] | None = None,
+                 on_bad_record: str = "fail") -> None:
     """Pre-flight check of a source against ``spec`` without building or running a graph.
 
-    Raises DataError for: an unknown source or unsupported builtin spec; a missing or
-    unreadable file (a glob matching nothing names the glob); an npz without
-    ``features``/``labels`` (or ``x``/``y``), with the wrong per-example size or dtype
-    kind, or with labels outside [0, num_classes); a CSV whose header lacks the label
-    column or has other than prod(feature_shape) + 1 columns, or whose first
-    CHECK_RECORDS rows do not parse; a TFRecord file with a corrupt record (CRC of every
-    record, naming the file and record index) or whose first CHECK_RECORDS Examples do
-    not match the schema (missing keys, sizes, labels out of range, images that do not
-    decode). npz feature arrays are checked from their headers, not loaded. ``shard``:
-    as make_dataset's; only this reader's files are checked.
+    Raises DataError, one line, for: an unknown source or unsupported builtin spec; a
+    missing or unreadable file (a glob matching nothing names the glob); no examples;
+    an npz without ``features``/``labels`` (or ``x``/``y``), with the wrong per-example
+    size or dtype kind, or with labels outside [0, num_classes); a CSV whose header
+    lacks the label or a feature column, whose feature columns are not
+    prod(feature_shape), or with a bad row anywhere (naming its file, line, column and
+    cause); a TFRecord file with a corrupt record (CRC of every record) or a record
+    anywhere that does not match the schema (missing keys, kinds, sizes, labels out of
+    range; images are decoded in the first CHECK_RECORDS records of each file), naming
+    the file and the record, counted from 0. With ``on_bad_record='skip'`` bad rows
+    and records are left for the pipeline to leave out; a source with none left is
+    still an error. npz feature arrays are checked from their headers, not loaded.
+    ``shard``: as make_dataset's; only this reader's files are checked.
     """
     if source not in SOURCES:
         raise DataError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
+    skip = on_bad_record == "skip"
     if source == "builtin":
         builtin_kind(spec)
     elif source == "npz":
         check_npz(single_file(path, "npz"), spec)
     elif source == "csv":
-        check_csv(resolve_files(path, "csv"), spec, label_column, rows=CHECK_RECORDS)
+        files = resolve_files(path, "csv")
+        csv_examples(files, spec, label_column, feature_columns, skip=skip,
+                     mine=files_of_shard(files, shard))
     elif source == "tfrecord":
         files = resolve_files(path, "tfrecord")
-        where = describe(path, files)
         mine = files_of_shard(files, shard) or files
-        if check_tfrecord_files(mine, _record_schema(files, spec, schema, where)) == 0:
-            raise DataError(f"{describe(path, mine)}: no records in any file")
+        check_tfrecord_files(mine, _record_schema(files, spec, schema, describe(path, files)),
+                             describe(path, mine), skip=skip)
 
 
 def input_tensors(dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
@@ -266,17 +264,16 @@ def input_tensors(dataset: tf.data.Dataset) -> tuple[tf.Tensor, tf.Tensor]:
     return features, labels
 
 
-def load_arrays(source: str, spec: InputSpec, path: PathArg,
-                label_column: str = "label") -> tuple[np.ndarray, np.ndarray]:
+def load_arrays(source: str, spec: InputSpec, path: PathArg, label_column: str = "label",
+                feature_columns: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """All examples of an npz or CSV source as checked numpy arrays in the spec's dtypes:
-    features [N, *feature_shape], labels [N, *label_shape]."""
+    features [N, *feature_shape], labels [N, *label_shape]. A bad row is a DataError."""
     if source == "npz":
         features, labels = load_npz(single_file(path, "npz"), spec)
     elif source == "csv":
-        files = resolve_files(path, "csv")
-        label_index = check_csv(files, spec, label_column, rows=0)
-        features, labels = load_csv(files, spec, label_index)
-        check_label_values(describe(path, files), labels, spec)
+        examples = csv_examples(resolve_files(path, "csv"), spec, label_column, feature_columns,
+                                skip=False)
+        features, labels = examples.features, examples.labels
     else:
         raise DataError(f"cannot load arrays from a {source!r} source; use 'npz' or 'csv'")
     features = features.reshape(-1, *spec.feature_shape)

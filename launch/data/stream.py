@@ -2,11 +2,16 @@
 shuffle/repeat/batch, and the two ways a batch gets parsed.
 
 * ``batched``: records -> batch -> parse the whole batch in one parallel ``map``. Parsing
-  stays vectorised (one ``parse_example``/``decode_csv``/gather per batch); the fast path.
+  stays vectorised (one ``parse_example`` or gather per batch); the fast path.
 * ``per_record``: records -> numbered -> parse each in a parallel ``map`` -> batch ->
   finish the batch. For what must be parsed one at a time (images of varying sizes),
-  and for ``data.on_bad_record: skip``, where a record that fails is dropped on its own
-  (``ignore_errors``) and counted from the gap in the numbers (``SkippedRecords``).
+  and for ``data.on_bad_record: skip``: a record that fails is dropped on its own
+  (``ignore_errors``), found from the gap in the numbers and named
+  (``launch.data.skips.RecordGaps``), then skipped or failed.
+
+Records come as (origin, record) pairs: origin, an int64, says where the record is
+(``ORIGIN_FILE`` times its file's index plus its index in the file), so a record that
+fails can be named.
 
 Both shuffle records before parsing, so the shuffle buffer holds small serialized
 records (or indices), never decoded images.
@@ -21,13 +26,17 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from launch.data.errors import DataError
-from launch.data.skips import SkippedRecords
+from launch.data.skips import END_OF_STREAM, RecordGaps, SkippedRecords
 from models import InputSpec
 
 AUTOTUNE = tf.data.AUTOTUNE
 
 # Files read at once by one pipeline: enough to mix shards and hide a slow read.
 MAX_INTERLEAVE_FILES = 16
+# origin = file index * ORIGIN_FILE + the record's index in its file.
+ORIGIN_FILE = 1 << 40
+# Records whose origins are noted with one Python call.
+_NOTED_AT_ONCE = 256
 
 # (number, records) -> (features, labels): a batch's or a record's parse function.
 Parse = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -95,15 +104,21 @@ def shard_files(files: list[str], p: Pipeline) -> tuple[list[str], Pipeline]:
 
 def interleave_files(files: list[str], reader: Callable[[tf.Tensor], tf.data.Dataset],
                      p: Pipeline) -> tf.data.Dataset:
-    """Read ``files`` in parallel (shuffled file order when training), one record each;
-    evaluation reads them one after another, so its examples come in file order."""
-    names = tf.data.Dataset.from_tensor_slices(files)
+    """Read ``files`` in parallel (shuffled file order when training) into (origin,
+    record) pairs; reader(name) gives a file's records. Evaluation reads the files one
+    after another, so its examples come in file order."""
+
+    def read(name: tf.Tensor, index: tf.Tensor) -> tf.data.Dataset:
+        first = index * ORIGIN_FILE
+        return reader(name).enumerate().map(lambda number, record: (first + number, record))
+
+    names = tf.data.Dataset.from_tensor_slices((files, tf.range(len(files), dtype=tf.int64)))
     if p.training:
         names = names.shuffle(len(files), seed=p.seed, reshuffle_each_iteration=True)
     cycle = min(len(files), MAX_INTERLEAVE_FILES) if p.training else 1
     calls = p.num_parallel_calls if p.num_parallel_calls == AUTOTUNE else min(
         p.num_parallel_calls, cycle)
-    return names.interleave(reader, cycle_length=cycle, num_parallel_calls=calls)
+    return names.interleave(read, cycle_length=cycle, num_parallel_calls=calls)
 
 
 def _shuffled(records: tf.data.Dataset, p: Pipeline, shuffle_buffer: int) -> tf.data.Dataset:
@@ -134,29 +149,31 @@ def batched(records: tf.data.Dataset, p: Pipeline, shuffle_buffer: int,
 
 
 def per_record(records: tf.data.Dataset, p: Pipeline, shuffle_buffer: int,
-               parse_one: Parse, finish: Finish) -> tf.data.Dataset:
-    """records -> shuffle, repeat -> parse each -> batch -> finish -> prefetch.
+               parse_one: Parse, finish: Finish, gaps: RecordGaps) -> tf.data.Dataset:
+    """(origin, record) pairs -> shuffle, repeat -> parse each -> batch -> finish -> prefetch.
 
     parse_one(number, record): number is the record's int64 position in the stream
     (a seed for per-example randomness); gives one example's features and labels.
     finish(number, features [B, ...], labels [B, ...]): number is the batch's; gives
-    the final batch. With ``p.skipped`` a record whose parse_one raises is skipped and
-    counted.
+    the final batch. A record whose parse_one raises is dropped and handed to ``gaps``
+    (by its origin), which skips or fails it.
     """
     numbered = _shuffled(records, p, shuffle_buffer).enumerate()
-    skip = p.skipped is not None
+    numbered = numbered.batch(_NOTED_AT_ONCE).map(_noted(gaps)).unbatch()
 
-    def parse(number: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        return (*parse_one(number, record), number)
+    def parse(number: tf.Tensor, pair: tuple) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        return (*parse_one(number, pair[1]), number)
 
-    # Skipping finds dropped records as gaps in the numbers, so their order must hold.
+    # Dropped records are found as gaps in the numbers, so their order must hold.
     examples = numbered.map(parse, num_parallel_calls=p.num_parallel_calls,
-                            deterministic=True if skip else None)
-    if skip:
-        examples = examples.ignore_errors()
+                            deterministic=True).ignore_errors()
     batches = examples.batch(p.batch_size, drop_remainder=p.drop_remainder)
-    if skip:
-        batches = batches.map(_counted(p.skipped))  # sequential: gaps counted in order
+    if not p.drop_remainder:
+        # Records dropped after the last good one leave no gap: the marker shows them.
+        # (Full batches drop a last partial one anyway, and with it such records.)
+        batches = batches.concatenate(_end_marker(batches.element_spec))
+    batches = batches.map(_observed(gaps)).filter(
+        lambda features, labels, numbers: tf.not_equal(numbers[0], END_OF_STREAM))
 
     def finish_numbered(number: tf.Tensor, batch: tuple) -> tuple[tf.Tensor, tf.Tensor]:
         features, labels, _ = batch
@@ -166,12 +183,28 @@ def per_record(records: tf.data.Dataset, p: Pipeline, shuffle_buffer: int,
     return batches.prefetch(p.prefetch)
 
 
-def _counted(skipped: SkippedRecords) -> Callable:
-    def count(features: tf.Tensor, labels: tf.Tensor, numbers: tf.Tensor):
-        with tf.control_dependencies([skipped.count_in(numbers)]):
+def _noted(gaps: RecordGaps) -> Callable:
+    def note(numbers: tf.Tensor, pairs: tuple) -> tuple:
+        with tf.control_dependencies([gaps.note_op(numbers, pairs[0])]):
+            return tf.identity(numbers), pairs
+
+    return note
+
+
+def _observed(gaps: RecordGaps) -> Callable:
+    """A sequential map, so the gaps are found in order."""
+    def observe(features: tf.Tensor, labels: tf.Tensor, numbers: tf.Tensor):
+        with tf.control_dependencies([gaps.observe_op(numbers)]):
             return tf.identity(features), labels, numbers
 
-    return count
+    return observe
+
+
+def _end_marker(spec: tuple[tf.TensorSpec, ...]) -> tf.data.Dataset:
+    """One batch of one zero example numbered END_OF_STREAM, shaped as ``spec``'s."""
+    features, labels, _ = (tf.zeros([1, *[d or 1 for d in s.shape[1:]]], s.dtype) for s in spec)
+    return tf.data.Dataset.from_tensors(
+        (features, labels, tf.constant([END_OF_STREAM], tf.int64)))
 
 
 def finish_batch(features: tf.Tensor, labels: tf.Tensor, spec: InputSpec,

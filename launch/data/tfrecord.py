@@ -5,11 +5,17 @@ time by ``parse_example``; encoded images are parsed and decoded one record at a
 (their sizes differ) and then batched. Pixels are then augmented (raw pixels; encoded
 ones were cropped while decoding) and normalised a batch at a time. With
 ``data.on_bad_record: skip`` every record is parsed on its own, so one that fails is
-skipped and counted alone (``launch.data.stream.per_record``).
+skipped, named and counted alone (``launch.data.stream.per_record``).
+
+Before training every record of every file is read (the reader checks its CRC) and
+checked against the schema; images are decoded in the first CHECK_RECORDS records of
+each file. So mid-run only an image that does not decode can fail, and it is named by
+its file and record. Records are counted from 0 in every message.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import tensorflow as tf
@@ -19,7 +25,9 @@ from launch.data import images
 from launch.data.errors import DataError
 from launch.data.formats import read_error
 from launch.data.record_schema import RecordSchema, check_example, legacy_label_key
+from launch.data.skips import RecordGaps
 from launch.data.stream import (
+    ORIGIN_FILE,
     Pipeline,
     batched,
     checked_labels,
@@ -75,10 +83,11 @@ def tfrecord_dataset(files: list[str], schema: RecordSchema, spec: InputSpec,
                 features = images.decode(features, seed(number), opts)
             return features, labels_of(parsed)
 
-        return per_record(records, p, p.shuffle_buffer, parse_one, finish)
+        gaps = RecordGaps(lambda origin: name_record(files, schema, origin), p.skipped)
+        return per_record(records, p, p.shuffle_buffer, parse_one, finish, gaps)
 
-    def parse(number: tf.Tensor, serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        parsed = tf.io.parse_example(serialized, schema.parse_spec())
+    def parse(number: tf.Tensor, pairs: tuple) -> tuple[tf.Tensor, tf.Tensor]:
+        parsed = tf.io.parse_example(pairs[1], schema.parse_spec())
         return finish(number, features_of(parsed), labels_of(parsed))
 
     return batched(records, p, p.shuffle_buffer, parse)
@@ -101,21 +110,51 @@ def records_of(name: str) -> Iterator[bytes]:
         raise read_error(name, err) from None
 
 
-def check_tfrecord_files(files: list[str], schema: RecordSchema) -> int:
-    """Read every record (the reader checks their CRCs), check the first CHECK_RECORDS
-    of each file against ``schema`` (decoding images); returns the record count."""
-    total, encoded = 0, []
+def check_tfrecord_files(files: list[str], schema: RecordSchema, where: str,
+                         skip: bool = False) -> int:
+    """Read every record of ``files`` (the reader checks their CRCs) and check each
+    against ``schema``, decoding the images of the first CHECK_RECORDS of each file.
+    A bad record is a DataError naming its file and record, unless ``skip``: then the
+    pipeline leaves it out. Returns the count of good records; none is a DataError
+    naming ``where``."""
+    good, bad, first_bad, encoded = 0, 0, None, []
     for name in files:
         for index, record in enumerate(records_of(name)):
-            total += 1
-            if index >= CHECK_RECORDS:
+            try:
+                feature = check_example(f"{name}: record {index}", record, schema)
+            except DataError as err:
+                if not skip:
+                    raise
+                bad, first_bad = bad + 1, first_bad or err
                 continue
-            feature = check_example(f"{name}: record {index}", record, schema)
-            if schema.kind == "image":
+            good += 1
+            if schema.kind == "image" and index < CHECK_RECORDS and not skip:
                 encoded.append((f"{name}: record {index}", feature.bytes_list.value[0]))
     if schema.kind == "image":
         images.check_decodes(encoded, schema.shape[2])
-    return total
+    if not good:
+        raise DataError(f"{where}: no examples: " + (
+            f"all {bad} records are bad, e.g. {first_bad}" if bad else "no records in any file"))
+    return good
+
+
+def name_record(files: list[str], schema: RecordSchema, origin: int) -> str:
+    """What is wrong with the record at ``origin`` (file index * ORIGIN_FILE + index),
+    and where it is: read again and checked, or, if it passes, that it does not decode."""
+    name, index = files[origin // ORIGIN_FILE], origin % ORIGIN_FILE
+    where = f"{name}: record {index}"
+    records = records_of(name)
+    try:
+        record = next(itertools.islice(records, index, None), None)
+        if record is not None:
+            check_example(where, record, schema)
+    except DataError as err:
+        return str(err)
+    finally:
+        records.close()
+    if schema.kind == "image":
+        return f"{where}: {schema.features!r} does not decode as an image"
+    return f"{where} failed to parse"
 
 
 def first_record(files: list[str], where: str) -> tuple[str, bytes]:
@@ -126,7 +165,7 @@ def first_record(files: list[str], where: str) -> tuple[str, bytes]:
         records.close()
         if record is not None:
             return f"{name}: record 0", record
-    raise DataError(f"{where}: no records in any file")
+    raise DataError(f"{where}: no examples: no records in any file")
 
 
 def first_label_key(files: list[str], where: str) -> str:

@@ -57,6 +57,59 @@ def csv_without_label(case_dir):
     open(os.path.join(case_dir, "d.csv"), "w").write(rows)
 
 
+def table_csv(case_dir, name="d.csv", rows=2000, spoil=None):
+    """The case that was reported: 12 numeric features x0..x11, labels 0, 1, 2.
+    spoil(cells of each data row) may break some."""
+    rng = np.random.default_rng(0)
+    table = [[f"{v:.4f}" for v in rng.normal(size=12)] + [str(i % 3)] for i in range(rows)]
+    if spoil:
+        spoil(table)
+    lines = [",".join([f"x{i}" for i in range(12)] + ["label"])] + [",".join(r) for r in table]
+    open(os.path.join(case_dir, name), "w").write("\n".join(lines) + "\n")
+
+
+def csv_blank_cell_late(case_dir):
+    table_csv(case_dir, spoil=lambda table: table[1233].__setitem__(3, ""))
+
+
+def csv_short_row_late(case_dir):
+    table_csv(case_dir, spoil=lambda table: table[1233].pop())
+
+
+def csv_label_out_of_range_late(case_dir):
+    table_csv(case_dir, spoil=lambda table: table[1900].__setitem__(12, "3"))
+
+
+def csv_header_only(case_dir):
+    table_csv(case_dir, rows=0)
+
+
+def csv_header_only_eval_set(case_dir):
+    table_csv(case_dir)
+    table_csv(case_dir, "test.csv", rows=0)
+
+
+def empty_npz(case_dir):
+    np.savez(os.path.join(case_dir, "empty.npz"), features=np.zeros((0, 8), np.float32),
+             labels=np.zeros(0, np.int64))
+
+
+def tfrecord_without_records(case_dir):
+    with tf.io.TFRecordWriter(os.path.join(case_dir, "empty.tfrecord")):
+        pass
+
+
+def tfrecord_late_record_missing_key(case_dir):
+    with tf.io.TFRecordWriter(os.path.join(case_dir, "late.tfrecord")) as writer:
+        for i in range(40):
+            feature = {"features": tf.train.Feature(float_list=tf.train.FloatList(
+                value=[0.0] * 8))}
+            if i != 30:
+                feature["label"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))
+            writer.write(tf.train.Example(features=tf.train.Features(
+                feature=feature)).SerializeToString())
+
+
 def checkpoint_of_other_model(case_dir):
     graph = tf.Graph()
     with graph.as_default():
@@ -135,6 +188,8 @@ def port_in_use(case_dir):
 
 
 MLP8 = "model: {name: mlp, input_dim: 8, hidden_units: [4]}\n"
+MLP12 = "model: {name: mlp, input_dim: 12, hidden_units: [4], num_classes: 3}\n"
+CSV = "data: {source: csv, path: CASE/d.csv}\n"
 IMAGES = ("model: {name: convnet, image_size: 12, channels: 3, num_classes: 3, filters: [4]}\n"
           "data: {source: tfrecord, path: CASE/images.tfrecord, schema: imagenet}\n")
 
@@ -171,6 +226,35 @@ CASES = [
          ("five.npz",), setup="npz_with_five_features"),
     Case("csv-missing-label", MLP8 + "data: {source: csv, path: CASE/d.csv}\n",
          ("d.csv", "label"), setup="csv_without_label"),
+    Case("csv-classes-disagree", MLP12.replace(", num_classes: 3", "") + CSV,
+         ("model 'mlp' and the data", "10 vs 3 classes", "d.csv line 4", "data.num_classes"),
+         setup="table_csv"),
+    Case("csv-blank-cell-late", MLP12 + CSV,
+         ("d.csv: line 1235, column 'x3': the cell is blank",), setup="csv_blank_cell_late"),
+    Case("csv-short-row-late", MLP12 + CSV,
+         ("d.csv: line 1235: 12 fields, the header has 13 columns",),
+         setup="csv_short_row_late"),
+    Case("csv-stray-label-late", MLP12 + CSV,
+         ("3 vs 4 classes (the largest label, 3, at", "d.csv line 1902;"),
+         setup="csv_label_out_of_range_late"),
+    Case("csv-label-out-of-range-late",
+         MLP12 + "data: {source: csv, path: CASE/d.csv, num_classes: 3}\n",
+         ("d.csv: line 1902, column 'label': label 3 is outside [0, 3)",),
+         setup="csv_label_out_of_range_late"),
+    Case("csv-header-only", MLP12 + CSV,
+         ("d.csv: no examples: a header row and no data rows",), setup="csv_header_only"),
+    Case("csv-header-only-eval-set", MLP12 + "data: {source: csv, path: CASE/d.csv, "
+         "eval_path: CASE/test.csv}\n", ("test.csv: no examples",),
+         setup="csv_header_only_eval_set", command=("eval",)),
+    Case("npz-without-examples", MLP8 + "data: {source: npz, path: CASE/empty.npz}\n",
+         ("empty.npz: no examples",), setup="empty_npz"),
+    Case("tfrecord-without-records", MLP8 + "data: {source: tfrecord, path: CASE/empty.tfrecord}\n",
+         ("empty.tfrecord: no examples: no records in any file",),
+         setup="tfrecord_without_records"),
+    Case("tfrecord-late-record-missing-key",
+         MLP8 + "data: {source: tfrecord, path: CASE/late.tfrecord}\n",
+         ("late.tfrecord: record 30 has no 'label' feature",),
+         setup="tfrecord_late_record_missing_key"),
     Case("corrupt-tfrecord", MLP8 + "data: {source: tfrecord, path: CASE/bad.tfrecord}\n",
          ("bad.tfrecord", "record"), setup="corrupt_tfrecord"),
     Case("corrupt-image", IMAGES, ("images.tfrecord: record 1: the image does not decode: "
@@ -288,8 +372,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(outcomes, case):
     assert_one_clear_line_and_nothing_written(case, *outcomes[case.id])
 
 
-# One mistake found before TensorFlow is imported, one in the data, one in a user's model.
-IN_A_PROCESS = ("unknown-section", "npz-wrong-shape", "user-attribute-missing")
+# One mistake found before TensorFlow is imported, two in the data, one in a user's model.
+IN_A_PROCESS = ("unknown-section", "npz-wrong-shape", "user-attribute-missing",
+                "csv-blank-cell-late")
 
 
 @pytest.mark.e2e

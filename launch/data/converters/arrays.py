@@ -9,6 +9,7 @@ a schema.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -25,13 +26,15 @@ from models import InputSpec
 
 
 def convert_arrays(source: str, spec: InputSpec, path: PathArg, out_prefix: str | os.PathLike,
-                   num_shards: int, label_column: str = "label") -> Summary:
+                   num_shards: int, label_column: str = "label",
+                   feature_columns: Sequence[str] | None = None) -> Summary:
     """Write the examples of an npz/CSV ``source`` to ``num_shards`` TFRecord files.
 
     features [N, *feature_shape] and labels [N, *label_shape] are checked against
-    ``spec`` as training would. Raises DataError.
+    ``spec`` as training would (a CSV's columns: ``label_column``, ``feature_columns``).
+    Raises DataError.
     """
-    features, labels = load_arrays(source, spec, path, label_column)
+    features, labels = load_arrays(source, spec, path, label_column, feature_columns)
     label_key = "label" if labels.ndim == 1 else "labels"
     with ShardedWriter(out_prefix, num_shards, len(features)) as writer:
         for example_features, example_labels in zip(features, labels, strict=True):

@@ -30,6 +30,8 @@ data:
   path: null
   eval_path: null
   label_column: label
+  feature_columns: null
+  num_classes: null
   shuffle_buffer: 10000
   num_parallel_calls: auto
   prefetch: auto
@@ -134,6 +136,8 @@ data:
   path: [train-*.csv, extra.csv]
   eval_path: eval.csv
   label_column: target
+  feature_columns: [b, a]
+  num_classes: 3
   shuffle_buffer: 0
   num_parallel_calls: 4
   prefetch: 2
@@ -453,6 +457,17 @@ BAD = [
     ("data: {num_parallel_calls: fast}", "data.num_parallel_calls", "expected 'auto' or"),
     ("data: {num_examples: 0}", "data.num_examples", "must be > 0"),
     ("data: {epochs: 0}", "data.epochs", "must be > 0"),
+    ("data: {source: npz, path: x.npz, feature_columns: [a]}", "data.feature_columns",
+     "only used when data.source is 'csv'"),
+    ("data: {source: csv, path: x.csv, feature_columns: [a, a]}", "data.feature_columns",
+     "repeated: a"),
+    ("data: {source: csv, path: x.csv, feature_columns: []}", "data.feature_columns",
+     "must not be an empty list"),
+    ("data: {source: csv, path: x.csv, feature_columns: [a, label]}", "data.feature_columns",
+     "names the label column 'label'"),
+    ("data: {source: tfrecord, path: x, num_classes: 3}", "data.num_classes",
+     "data.schema.num_classes"),
+    ("data: {source: csv, path: x.csv, num_classes: 0}", "data.num_classes", "must be > 0"),
     ("data: {epochs: 2}\ntowers: {variable_update: horovod}", "data.epochs",
      "not available with horovod"),
     ("towers: {devices: 0}", "towers.devices", "must be > 0"),

@@ -262,7 +262,7 @@ def test_csv_header_errors(tmp_path):
     wide = tmp_path / "wide.csv"
     _write_csv(wide, np.zeros((4, 9), np.float32), labels)
     message = _error("csv", SMALL, wide)
-    assert str(wide) in message and "10 columns, expected 7" in message
+    assert str(wide) in message and "9 feature columns" in message and "takes 6" in message
 
 
 def test_npz_errors(tmp_path):
@@ -288,15 +288,44 @@ def test_npz_errors(tmp_path):
     assert "outside [0, 4)" in _error("npz", SMALL, bad_labels)
 
 
-def test_out_of_range_label_past_the_checked_rows_fails_at_run_time(graph, tmp_path):
+def test_out_of_range_label_anywhere_is_found_before_training(graph, tmp_path):
     features, labels = _small_arrays(32)
-    labels[20] = SMALL.num_classes  # check_source only parses the first rows
+    labels[20] = SMALL.num_classes  # past the rows the first check once read
     path = tmp_path / "late.csv"
     _write_csv(path, features, labels)
-    check_source("csv", SMALL, path)
-    dataset = make_dataset("csv", SMALL, 32, path=path, training=False, repeat=False)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="late.csv: labels must be in"):
-        _run(dataset)
+    assert "late.csv: line 22, column 'label': label 4 is outside [0, 4)" in _error(
+        "csv", SMALL, path)
+    with pytest.raises(DataError, match="line 22"):
+        make_dataset("csv", SMALL, 32, path=path, training=False, repeat=False)
+
+
+def test_npz_class_count_comes_from_its_labels(tmp_path):
+    from launch.config import load_job
+    from launch.data import resolve_input_spec
+
+    features, labels = _small_arrays(48)
+    np.savez(tmp_path / "set.npz", features=features, labels=labels % 3)
+    cfg = load_job(None, ["data.source=npz", f"data.path={tmp_path / 'set.npz'}"]).data
+    with pytest.raises(DataError, match=r"4 vs 3 classes \(the largest label in .*set.npz, 2;"):
+        resolve_input_spec("mlp", SMALL, cfg)
+    stated = load_job(None, ["data.source=npz", f"data.path={tmp_path / 'set.npz'}",
+                             "data.num_classes=4"]).data
+    assert resolve_input_spec("mlp", SMALL, stated) == SMALL
+
+
+def test_npz_without_examples(tmp_path):
+    path = tmp_path / "empty.npz"
+    np.savez(path, features=np.zeros((0, 6), np.float32), labels=np.zeros(0, np.int64))
+    assert _error("npz", SMALL, path) == (f"{path}: no examples: 'features' has shape (0, 6), "
+                                          "'labels' (0,)")
+
+
+def test_npz_label_out_of_range_names_the_example(tmp_path):
+    features, labels = _small_arrays(8)
+    labels[5] = 9
+    np.savez(tmp_path / "set.npz", features=features, labels=labels)
+    assert "set.npz: example 5 (counted from 0) has label 9, outside [0, 4)" in _error(
+        "npz", SMALL, tmp_path / "set.npz")
 
 
 def test_tfrecord_feature_size_mismatch(tmp_path):

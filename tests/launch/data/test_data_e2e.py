@@ -1,5 +1,5 @@
 """Users' data end to end, through the real commands: a folder of JPEGs converted,
-trained on and evaluated; a bad record met mid-run; ps/worker workers checking and
+trained on and evaluated; a bad record met mid-run, named; ps/worker workers checking and
 reading only their own TFRecord files. (MNIST, CIFAR-10 and text are converted,
 trained and evaluated in-process in test_converters.)"""
 
@@ -83,7 +83,8 @@ def test_a_bad_record_mid_run_fails_the_job_in_one_line(runs):
     lines = [line for line in fail.stderr.splitlines() if line.startswith("towers: error")]
     assert fail.returncode == 2, fail.stderr[-3000:]
     assert "Traceback" not in fail.stderr and len(lines) == 1
-    assert f"{runs['bad_path']}: a record failed mid-run: Invalid JPEG data" in lines[0]
+    assert lines[0].endswith(f"{runs['bad_path']}: record 20: 'image/encoded' does not decode "
+                             "as an image (data.on_bad_record: skip leaves such records out)")
 
 
 def four_files_one_spoilt(tmp_path):

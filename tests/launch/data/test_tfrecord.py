@@ -3,6 +3,8 @@ file sharding, and what the data reports without a model."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -23,6 +25,7 @@ from launch.data import (
     input_errors,
     input_tensors,
     make_dataset,
+    ordinal,
     resolve_input_spec,
 )
 from models import InputSpec
@@ -202,12 +205,37 @@ def test_label_out_of_range_is_named(tmp_path):
         path, "imagenet")
 
 
+def test_a_bad_record_anywhere_is_named_up_front(tmp_path):
+    path, _ = _late_bad_records(tmp_path)  # record 20 parses; 27 has no label
+    assert _check_error(path, "imagenet").startswith(
+        f"{path}: record 27 has no 'image/class/label' feature")
+
+
+def test_files_without_records_have_no_examples(tmp_path):
+    for index in range(2):
+        write_examples(tmp_path / f"e{index}.tfrecord", [])
+    glob = str(tmp_path / "e*.tfrecord")
+    assert _check_error(glob, "imagenet") == f"{glob}: no examples: no records in any file"
+
+
+def test_skipping_leaves_schema_checks_to_the_pipeline_but_not_an_empty_source(tmp_path):
+    path, _ = _late_bad_records(tmp_path)
+    check_source("tfrecord", SPEC, path, schema=_schema("imagenet"), on_bad_record="skip")
+    images, _ = class_images(2, size=8)
+    none_good = write_imagenet_records(tmp_path / "nine.tfrecord", images, np.array([9, 9]))
+    with pytest.raises(DataError, match=r"nine.tfrecord: no examples: all 2 records are bad, "
+                                        r"e\.g\. .*nine.tfrecord: record 0: 'image/class/label' "
+                                        r"holds \[9\]"):
+        check_source("tfrecord", SPEC, none_good, schema=_schema("imagenet"),
+                     on_bad_record="skip")
+
+
 # -------------------------------------------------------------- bad records mid-run
 
 
 def _late_bad_records(tmp_path):
     """40 records; 20 (a truncated JPEG), 27 (no label) and 33 (label 9) are bad,
-    past the records checked up front."""
+    past the records whose images are decoded up front."""
     images, labels = class_images(40, size=12)
     maps = _maps(images, labels)
     maps[20] = image_feature_map(encode(images[20])[:50], int(labels[20]))
@@ -216,17 +244,58 @@ def _late_bad_records(tmp_path):
     return write_examples(tmp_path / "late.tfrecord", maps), labels
 
 
-def test_skip_counts_every_bad_record(graph, tmp_path):
+def _undecodable(tmp_path, bad: list[int], count: int = 40, name: str = "late.tfrecord"):
+    """``count`` records; those at ``bad`` hold truncated JPEGs, which only decoding finds."""
+    images, labels = class_images(count, size=12)
+    maps = _maps(images, labels)
+    for index in bad:
+        maps[index] = image_feature_map(encode(images[index])[:50], int(labels[index]))
+    return write_examples(tmp_path / name, maps), labels
+
+
+def test_skip_names_and_counts_every_bad_record(graph, tmp_path):
     path, labels = _late_bad_records(tmp_path)
     cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet", "on_bad_record=skip")
-    check_source("tfrecord", SPEC, path, schema=cfg.schema)  # the first records are fine
     lines, counted = [], []
     skipped = SkippedRecords(path, lines.append, counted.append)
     batches = _batches(_dataset(cfg, batch=37, skipped=skipped, training=False, repeat=False))
     assert skipped.count == 3 and sum(counted) == 3  # the metric's counter got them all
     got = np.concatenate([y for _, y in batches])
     assert np.array_equal(got, np.delete(labels, [20, 27, 33]))
-    assert lines and lines[-1].startswith("data: skipped") and "3 skipped so far" in lines[-1]
+    assert lines == [
+        f"data: skipped {path}: record 20: 'image/encoded' does not decode as an image "
+        "(the 1st record skipped; data.on_bad_record: skip)",
+        f"data: skipped {path}: record 27 has no 'image/class/label' feature (has "
+        "['image/encoded']); set data.schema to the file's layout (the 2nd record skipped; "
+        "data.on_bad_record: skip)",
+        f"data: skipped {path}: record 33: 'image/class/label' holds [9], outside [0, 3) "
+        "(the 3rd record skipped; data.on_bad_record: skip)"]
+
+
+def test_skip_names_the_first_ten_then_counts(graph, tmp_path):
+    bad = list(range(10, 60, 2))  # 25 records
+    path, labels = _undecodable(tmp_path, bad, count=60)
+    cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet", "on_bad_record=skip")
+    lines = []
+    skipped = SkippedRecords(path, lines.append)
+    got = np.concatenate([y for _, y in _batches(_dataset(
+        cfg, batch=7, skipped=skipped, training=False, repeat=False))])
+    assert skipped.count == 25 and np.array_equal(got, np.delete(labels, bad))
+    named = [f"data: skipped {path}: record {index}: 'image/encoded' does not decode as an "
+             f"image (the {ordinal(n)} record skipped; data.on_bad_record: skip)"
+             for n, index in enumerate(bad[:10], start=1)]
+    assert lines[:10] == named
+    # then a line once naming stops, and at 16: each batch reports its skips at once
+    counts = [int(re.fullmatch(rf"data: skipped (\d+) records of {re.escape(path)} so far, the "
+                               r"first 10 named above \(data.on_bad_record: skip\)", line)[1])
+              for line in lines[10:]]
+    assert len(counts) == 2 and 10 < counts[0] < 16 <= counts[1] < 32
+
+
+def test_ordinals():
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 23, 101, 111, 112)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "23rd", "101st",
+        "111th", "112th"]
 
 
 def test_skip_counts_again_each_epoch_while_training(graph, tmp_path):
@@ -247,7 +316,7 @@ def test_training_reports_its_skips_in_the_result_and_the_metrics(tmp_path):
     from launch.config import MetricsConfig
     from launch.runtime.train import train
 
-    path, _ = _late_bad_records(tmp_path)
+    path, _ = _undecodable(tmp_path, [20, 27, 33])
     job = load_job(None, [
         "model.name=convnet", "model.image_size=12", "model.channels=3",
         "model.num_classes=3", "model.filters=[4]", "model.dense_units=8",
@@ -263,19 +332,30 @@ def test_training_reports_its_skips_in_the_result_and_the_metrics(tmp_path):
     # 24 examples in order take records 0-24, so record 20 is skipped; records 27 and
     # 33 only if the pipeline read that far ahead (at most two batches)
     assert 1 <= result["skipped_records"] <= 3 and counted == result["skipped_records"]
-    assert any(line.startswith("data: skipped 1 record") for line in lines), lines
+    assert f"data: skipped {path}: record 20: 'image/encoded' does not decode as an image " \
+           "(the 1st record skipped; data.on_bad_record: skip)" in lines, lines
 
 
-def test_fail_mode_stops_with_one_line_naming_the_data(graph, tmp_path):
-    path, _ = _late_bad_records(tmp_path)
+def test_fail_mode_stops_with_one_line_naming_the_record(graph, tmp_path):
+    path, _ = _undecodable(tmp_path, [20])
     cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet")
+    check_source("tfrecord", SPEC, path, schema=cfg.schema)  # images decoded: 0 to 7
     features, _ = input_tensors(_dataset(cfg, batch=8, training=False, repeat=False))
     with pytest.raises(DataError) as info, input_errors(path), tf.compat.v1.Session() as session:
         for _ in range(5):
             session.run(features)
-    message = str(info.value)
-    assert message.startswith(f"{path}: a record failed mid-run:") and "\n" not in message
-    assert "data.on_bad_record: skip" in message
+    assert str(info.value) == (f"{path}: record 20: 'image/encoded' does not decode as an image "
+                               "(data.on_bad_record: skip leaves such records out)")
+
+
+def test_fail_mode_finds_a_bad_last_record_of_a_finite_stream(graph, tmp_path):
+    path, _ = _undecodable(tmp_path, [38, 39])  # nothing good comes after them
+    cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet")
+    features, _ = input_tensors(_dataset(cfg, batch=8, training=False, repeat=False))
+    with pytest.raises(DataError, match="record 38: 'image/encoded' does not decode"), \
+            input_errors(path), tf.compat.v1.Session() as session:
+        for _ in range(6):
+            session.run(features)
 
 
 def test_model_errors_are_not_taken_for_data_errors(graph):
