@@ -21,7 +21,7 @@ import towers
 from launch import data, metrics
 from launch.config import JobConfig
 from launch.log import log
-from launch.runtime import checkpoints
+from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.plan import Plan, check_eval_data, data_where, input_tensors, make_plan
 from launch.runtime.signals import StopSignals
 
@@ -283,24 +283,14 @@ def _newest_restorable(directory: str, write) -> str | None:
 
 
 def _wait_for_writer(directory: str, write) -> None:
-    """Wait while a trainer holds `directory` (its lock file is there: a trainer removes
-    it as it ends, after its final checkpoint), at most WRITER_WAIT_SECS. A file left by
-    a trainer that was killed costs the wait, no more."""
-    lock = os.path.join(directory, checkpoints.LOCK_FILE)
-    holder = _read_holder(lock)
+    """Wait while a trainer holds `directory` (it removes its lock file as it ends, after
+    its final checkpoint), at most WRITER_WAIT_SECS. A file left by a trainer that was
+    killed costs the wait, no more."""
+    holder = checkpoint_lock.holder(directory)
     if holder is None:
         return
     write(f"waiting up to {WRITER_WAIT_SECS:g} s for the trainer writing {directory} "
           f"({holder}) to save its final checkpoint")
     deadline = time.monotonic() + WRITER_WAIT_SECS
-    while os.path.exists(lock) and time.monotonic() < deadline:
+    while checkpoint_lock.holder(directory) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
-
-
-def _read_holder(lock: str) -> str | None:
-    """Who holds a checkpoint directory, as its lock file names them; None when no one."""
-    try:
-        with open(lock) as f:
-            return f.read().strip() or "a trainer"
-    except FileNotFoundError:
-        return None

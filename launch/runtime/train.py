@@ -13,7 +13,7 @@ from launch import data, metrics
 from launch.config import JobConfig
 from launch.devices import emulation_note
 from launch.log import log
-from launch.runtime import checkpoints
+from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.hooks import (
     DataEndHook,
     LossScaleHook,
@@ -158,7 +158,7 @@ def train(
     preflight(plan, role.writes)
     # The writer holds checkpoint_dir from before its first write into it until training
     # ends; a directory another process holds is bad input, found before anything is built.
-    held = checkpoints.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
+    held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
         return _train(plan, role, exporter, write)
 
@@ -174,9 +174,9 @@ def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
     with graph.as_default():
         ops, scaffold, rate = build_training_graph(plan, role.wrap_optimizer, skipped)
         if role.writes:
-            _announce_resume(checkpoints.fall_back_to_restorable(job.train.checkpoint_dir,
-                                                                 write), write)
+            resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
+            _announce_resume(resumed, write)  # only once it is known to fit the model
         loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
         write(_startup_line(plan))
         emulated = emulation_note(job.towers.precision, plan.devices)

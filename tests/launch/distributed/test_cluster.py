@@ -122,7 +122,7 @@ def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
     with tf.Graph().as_default():
         build_training_graph(plan, role.wrap_optimizer)
-        role.hooks(None)
+        role.hooks(None, None)
         # What the job's Saver saves: the global variables and any other saveables.
         saved = tf.compat.v1.global_variables() + tf.compat.v1.get_collection(
             tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)

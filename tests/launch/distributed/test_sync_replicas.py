@@ -60,5 +60,5 @@ def test_building_a_sync_workers_hooks_leaves_threading_excepthook_alone():
     before = threading.excepthook
     with tf.Graph().as_default():
         build_training_graph(plan, role.wrap_optimizer)
-        role.hooks(None)
+        role.hooks(None, None)
     assert threading.excepthook is before

@@ -1,4 +1,4 @@
-"""One writer per checkpoint directory: checkpoints.hold, in this process. The real
+"""One writer per checkpoint directory: checkpoint_lock.hold, in this process. The real
 commands racing for a directory, and a holder killed with SIGKILL, are in test_faults.py."""
 
 import errno
@@ -10,7 +10,8 @@ import pytest
 from cli_helpers import ok, run_in_process
 
 from launch.runtime import checkpoints
-from launch.runtime.checkpoints import LOCK_FILE, CheckpointError, hold
+from launch.runtime.checkpoint_lock import LOCK_FILE, hold
+from launch.runtime.checkpoints import CheckpointError
 
 
 def files(directory):
