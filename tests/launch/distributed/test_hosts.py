@@ -252,7 +252,9 @@ def sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life: Life, saved: i
     stopped = last_json(chief.stdout)
     assert stopped["stopped_by"] == "signal"
     final = saved_steps(chief.stderr)[-1]
-    assert stopped["global_step"] == final >= last_logged(chief.stderr)
+    assert stopped["global_step"] == final >= last_logged(chief.stderr), (
+        saved_steps(chief.stderr)[-3:], sorted(os.listdir(life.ckpt)),
+        (life.ckpt / "checkpoint").read_text(), chief.stderr[-2000:])
     assert tf.train.latest_checkpoint(str(life.ckpt)).endswith(f"model.ckpt-{final}")
     life.report.append(
         f"restarted past a damaged checkpoint from step {saved - 20}, training again "
