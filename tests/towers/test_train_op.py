@@ -141,6 +141,7 @@ def test_eval_ops_match_one_device(graph):
 def test_eval_batches_smaller_than_the_towers_match_one_device(graph, model_name, batch, known):
     # An evaluation's last batch may hold fewer examples than there are towers: a tower
     # given none weighs 0 and adds nothing, not the NaN of its mean over nothing.
+    tf.compat.v1.set_random_seed(0)  # the same weights every run
     model = models.build(model_name, SMALL[model_name])
     (x, y), = image_batches(model.input_spec, batch, 1)
     if known:
@@ -156,8 +157,12 @@ def test_eval_batches_smaller_than_the_towers_match_one_device(graph, model_name
         got, want = sess.run([ops, single], feed)
     assert got.num_examples == want.num_examples == batch
     assert np.isfinite(got.loss) and got.loss == pytest.approx(want.loss, abs=1e-5)
-    assert got.metrics["accuracy"] == pytest.approx(want.metrics["accuracy"], abs=1e-6)
-    np.testing.assert_allclose(got.predictions, want.predictions, atol=1e-6)
+    np.testing.assert_allclose(got.predictions, want.predictions, rtol=1e-5, atol=1e-6)
+    # Accuracy against each one's own predictions: with random weights two classes can
+    # tie within rounding, and N towers may then pick the other one of the two.
+    for run in got, want:
+        hits = np.argmax(run.predictions, axis=-1) == y
+        assert run.metrics["accuracy"] == pytest.approx(hits.mean(), abs=1e-6)
 
 
 def test_training_still_refuses_a_batch_that_leaves_a_tower_without_examples(graph):
