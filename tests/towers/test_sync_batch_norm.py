@@ -1,0 +1,150 @@
+"""Synchronized batch norm: N towers normalize like one device on the whole batch.
+
+Each check builds one step on N towers and on one device from the same start, with
+SGD at rate 1 so that each variable's change is minus its gradient, and compares
+the batch-norm outputs, the loss, every gradient and the moving statistics.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import cpu_session_config
+from tower_helpers import cpus
+
+import towers
+from models import layers
+
+get_variable = tf.compat.v1.get_variable
+SGD = tf.compat.v1.train.GradientDescentOptimizer
+
+
+def bn_model(captured):
+    """conv -> batch norm -> relu -> conv -> batch norm -> pool -> logits; every
+    normalized tensor appended to `captured` (the towers' in order)."""
+
+    def model_fn(features, labels, ctx):
+        x = layers.conv2d(features, 4, 3, scope="conv1")
+        x = layers.batch_norm(x, ctx.is_training, scope="bn1", across=ctx.batch_sum)
+        captured.append(x)
+        x = layers.conv2d(tf.nn.relu(x), 4, 3, scope="conv2")
+        x = layers.batch_norm(x, ctx.is_training, scope="bn2", across=ctx.batch_sum)
+        captured.append(x)
+        logits = layers.dense(layers.global_avg_pool(x), 3, scope="logits")
+        return towers.TowerOutputs(layers.softmax_cross_entropy(logits, labels))
+
+    return model_fn
+
+
+def batch(size, seed=0):
+    rng = np.random.default_rng(seed)
+    # An offset mean: statistics of a shard then differ visibly from the batch's.
+    x = (rng.normal(size=(size, 6, 6, 2)) * 2.0 + 3.0).astype(np.float32)
+    return x, rng.integers(0, 3, size=size).astype(np.int32)
+
+
+def one_step(devices, x, y, *, mode="parameter_server", batch_norm="sync", start=None,
+             **options):
+    """One SGD step (rate 1). Returns (start values, outputs, loss, gradients, moving
+    statistics after the step); outputs are the batch-norm outputs in batch order."""
+    captured = []
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(0)
+        ops = towers.build_train_op(bn_model(captured), tf.constant(x), tf.constant(y), SGD(1.0),
+                                    devices, variable_update=mode, batch_norm=batch_norm,
+                                    **options)
+        per_layer = len(captured) // len(devices) // options.get("accumulate_steps", 1)
+        outputs = [tf.concat(captured[k::per_layer], axis=0) for k in range(per_layer)]
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()
+                     if v.op.name != "global_step"}
+        with tf.compat.v1.Session(graph=graph, config=cpu_session_config(4)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for name, value in (start or {}).items():
+                variables[name].load(value, sess)
+            sess.run(ops.sync_op)
+            before = sess.run(variables)
+            out, loss, _ = sess.run([outputs, ops.loss, ops.train_op])
+            after = sess.run(variables)
+    grads = {n: before[n] - after[n] for n in variables if "moving" not in n}
+    moving = {n: after[n] for n in variables if "moving" in n}
+    return before, out, loss, grads, moving
+
+
+def largest_differences(reference, other):
+    """The largest absolute difference per quantity: outputs, loss, gradients, moving."""
+    _, out_a, loss_a, grads_a, moving_a = reference
+    _, out_b, loss_b, grads_b, moving_b = other
+    return {
+        "outputs": max(np.abs(a - b).max() for a, b in zip(out_a, out_b, strict=True)),
+        "loss": abs(loss_a - loss_b),
+        "gradients": max(np.abs(grads_a[n] - grads_b[n]).max() for n in grads_a),
+        "moving": max(np.abs(moving_a[n] - moving_b[n]).max() for n in moving_a),
+    }
+
+
+def compare(num_towers, batch_size, mode="parameter_server", batch_norm="sync", **options):
+    x, y = batch(batch_size)
+    reference = one_step(["/cpu:0"], x, y, batch_norm="local", **options)
+    multi = one_step(cpus(num_towers), x, y, mode=mode, batch_norm=batch_norm,
+                     start=reference[0], **options)
+    return largest_differences(reference, multi)
+
+
+TOLERANCE = {"outputs": 1e-5, "loss": 1e-6, "gradients": 1e-5, "moving": 1e-6}
+
+
+def assert_within_tolerance(differences):
+    for quantity, limit in TOLERANCE.items():
+        assert differences[quantity] < limit, (quantity, differences)
+
+
+@pytest.mark.parametrize("mode", ["parameter_server", "replicated"])
+@pytest.mark.parametrize("num_towers", [2, 3, 4])
+def test_sync_towers_compute_what_one_device_computes_on_the_whole_batch(num_towers, mode):
+    assert_within_tolerance(compare(num_towers, 12, mode))
+
+
+@pytest.mark.parametrize("mode", ["parameter_server", "replicated"])
+def test_an_uneven_split_is_merged_by_example_count(mode):
+    assert_within_tolerance(compare(3, 10, mode))  # 4, 3 and 3 examples
+
+
+def test_local_towers_normalize_by_their_own_shard_and_differ():
+    # The comparison can fail: each shard's statistics are not the batch's.
+    differences = compare(2, 12, batch_norm="local")
+    assert differences["outputs"] > 1e-2 and differences["gradients"] > 1e-3
+
+
+def test_accumulated_micro_batches_are_normalized_one_at_a_time():
+    # One device with 2 micro-batches normalizes each by its own statistics;
+    # so do 2 synchronized towers with 2 micro-batches (each of 2 towers).
+    assert_within_tolerance(compare(2, 12, accumulate_steps=2))
+
+
+def test_statistics_stay_float32_in_mixed_precision(graph):
+    x, y = batch(8)
+    towers.build_train_op(bn_model([]), tf.constant(x), tf.constant(y), SGD(1.0), cpus(2),
+                          precision="mixed_bfloat16", batch_norm="sync")
+    reduced = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+    assert reduced and {op.inputs[0].dtype for op in reduced} == {tf.float32}
+    moving = [v for v in tf.compat.v1.global_variables() if "moving" in v.op.name]
+    assert moving and {v.dtype.base_dtype for v in moving} == {tf.float32}
+
+
+def test_sync_and_local_make_the_same_variables():
+    # So a checkpoint written with one restores with the other.
+    names = {}
+    for batch_norm in ("local", "sync"):
+        with tf.Graph().as_default():
+            x, y = batch(8)
+            towers.build_train_op(bn_model([]), tf.constant(x), tf.constant(y), SGD(1.0),
+                                  cpus(2), batch_norm=batch_norm)
+            names[batch_norm] = sorted(v.op.name for v in tf.compat.v1.global_variables())
+    assert names["local"] == names["sync"]
+
+
+def test_an_unknown_batch_norm_is_refused(graph):
+    x, y = batch(8)
+    with pytest.raises(ValueError, match="batch_norm must be one of local, sync"):
+        towers.build_train_op(bn_model([]), tf.constant(x), tf.constant(y), SGD(1.0),
+                              cpus(2), batch_norm="global")
