@@ -76,6 +76,7 @@ def build_training_graph(
         precision=plan.precision(),
         accumulate_steps=job.train.accumulate_steps,
         xla=job.towers.xla,
+        batch_norm=job.towers.batch_norm,
     )
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
