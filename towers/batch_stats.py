@@ -60,9 +60,13 @@ class CrossTowerSums:
     across_processes: a sum over the processes of a multi-process job (Horovod ranks),
         applied to this process's sum; None for a single process. Every process must
         run the same number of towers, so tower i's calls meet every rank's tower i.
+    every_batch_norm: True with batch_norm="sync" (every batch norm uses the sums);
+        False when only those that ask for it do (Keras' synchronized=True).
     """
 
-    def __init__(self, devices: Sequence[str], across_processes: Sum | None = None):
+    def __init__(self, devices: Sequence[str], across_processes: Sum | None = None,
+                 every_batch_norm: bool = True):
+        self.every_batch_norm = every_batch_norm
         self._devices = list(devices)
         self._across_processes = across_processes
         self._keys: list[tuple[int, int]] = []  # per call: forward and backward instance

@@ -57,8 +57,10 @@ def build_towers(
     xla: each tower is compiled with XLA (its gradients too, when taken later).
     after: after[i] are tensors tower i's ops wait for (a micro-batch waits for the
         previous one's gradients).
-    batch_sums: synchronized batch norm: the sums across these towers each tower's
-        context carries (TowerContext.batch_sum); None: each tower's own statistics.
+    batch_sums: the sums across these towers for synchronized batch norm: Keras'
+        BatchNormalization(synchronized=True) uses them, and with every_batch_norm
+        each tower's context carries them (TowerContext.batch_sum); None: one tower
+        and process, nothing to synchronize.
     made: the variables made without get_variable in an earlier build of the same
         towers (a later micro-batch), handed out again; None: a new build.
     """
@@ -68,9 +70,10 @@ def build_towers(
     variables = TowerVariables(sharing, made, reuse_existing)
     towers: list[Tower] = []
     for i, (shard, device) in enumerate(zip(shards, devices, strict=True)):
+        tower_sum = batch_sums.for_tower(i) if batch_sums else None
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
                            precision.compute_dtype,
-                           batch_sums.for_tower(i) if batch_sums else None)
+                           tower_sum if batch_sums and batch_sums.every_batch_norm else None)
         outer = tf.compat.v1.get_default_graph().get_name_scope()
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
         with (
@@ -82,7 +85,7 @@ def build_towers(
             tf.control_dependencies(after[i] if after else []),
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
-            keras_sync.synchronized_moments(ctx.batch_sum),
+            keras_sync.synchronized_moments(tower_sum),
         ):
             features = precision.cast_features(shard.features)
             outputs = precision.cast_outputs(

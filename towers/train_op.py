@@ -185,12 +185,14 @@ def build_eval_ops(
 
 def _batch_sums(batch_norm: str, devices: list[str],
                 mode: VariableUpdate) -> Callable[[], CrossTowerSums | None]:
-    """What makes each micro-batch's sums across towers: nothing unless synchronized
-    batch norm has more than one tower (or process) to synchronize."""
+    """What makes each micro-batch's sums across towers: nothing with one tower and one
+    process; else sums every batch norm uses ("sync"), or only Keras layers made with
+    synchronized=True ("local")."""
     across = getattr(mode, "sum_across_processes", None)
-    if batch_stats.check_batch_norm(batch_norm) == "local" or (len(devices) == 1 and not across):
+    every = batch_stats.check_batch_norm(batch_norm) == "sync"
+    if len(devices) == 1 and not across:
         return lambda: None
-    return lambda: CrossTowerSums(devices, across)
+    return lambda: CrossTowerSums(devices, across, every_batch_norm=every)
 
 
 def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operation:

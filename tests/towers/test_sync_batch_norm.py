@@ -5,14 +5,16 @@ SGD at rate 1 so that each variable's change is minus its gradient, and compares
 the batch-norm outputs, the loss, every gradient and the moving statistics.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import cpus
+from tower_helpers import assert_same_variables, cpus, image_batches, momentum
 
+import models
 import towers
-from models import layers
+from models import keras_model, layers
 
 get_variable = tf.compat.v1.get_variable
 SGD = tf.compat.v1.train.GradientDescentOptimizer
@@ -153,9 +155,6 @@ def test_an_unknown_batch_norm_is_refused(graph):
 def test_resnet20_trains_with_sync_towers_like_one_device():
     # The built-in model passes its towers' sums to every batch norm; weight decay,
     # momentum and 2 steps on 3 + 2 examples: the moving statistics and every variable agree.
-    import models
-    from tower_helpers import assert_same_variables, image_batches, momentum
-
     model = models.build("resnet20", {"image_size": 8, "base_filters": 4, "num_classes": 3})
     batches = image_batches(model.input_spec, 5, 2)
     start, single = train_steps(model.model_fn, ["/cpu:0"], batches, momentum, "local")
@@ -163,14 +162,16 @@ def test_resnet20_trains_with_sync_towers_like_one_device():
     assert_same_variables(single, multi)
 
 
-def train_steps(model_fn, devices, batches, optimizer, batch_norm, start=None):
+def train_steps(model_fn, devices, batches, optimizer, batch_norm, start=None,
+                mode="parameter_server"):
     """(start, final) values of every variable after len(batches) steps; every variable
     read, and `start` loaded, in one session run (resnet20 has a hundred)."""
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         x = tf.compat.v1.placeholder(tf.float32, batches[0][0].shape)
         y = tf.compat.v1.placeholder(tf.int32, batches[0][1].shape)
-        ops = towers.build_train_op(model_fn, x, y, optimizer(), devices, batch_norm=batch_norm)
+        ops = towers.build_train_op(model_fn, x, y, optimizer(), devices, batch_norm=batch_norm,
+                                    variable_update=mode)
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
         with tf.compat.v1.Session(config=cpu_session_config(4)) as sess:
             sess.run(ops.init_op)
@@ -184,3 +185,55 @@ def train_steps(model_fn, devices, batches, optimizer, batch_norm, start=None):
             for xb, yb in batches:
                 sess.run(ops.train_op, {x: xb, y: yb})
             return first, sess.run(variables)
+
+
+# --- Keras ---------------------------------------------------------------------------------
+
+
+def keras_bn_model(synchronized):
+    """A compiled Keras convnet with one BatchNormalization, made in every tower; its
+    moving-statistics updates in UPDATE_OPS, as the launcher puts them."""
+    def model_fn(features, labels, ctx):
+        net = keras.Sequential([
+            keras.layers.Conv2D(4, 3),
+            keras.layers.BatchNormalization(synchronized=synchronized),
+            keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3),
+        ])
+        net.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        graph = tf.compat.v1.get_default_graph()
+        made = len(graph.get_operations())
+        outputs = keras_model.tower_outputs(net, features, labels, ctx)
+        for op in keras_model.unrun_state_updates(graph.get_operations()[made:]):
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, op)
+        return outputs
+
+    return model_fn
+
+
+def keras_largest_differences(synchronized, batch_norm, num_towers, mode="parameter_server"):
+    """Largest difference from one device over 2 steps: of any variable, and of the moving
+    statistics alone."""
+    x, y = batch(10)
+    batches = [(x, y), batch(10, seed=1)]
+    keras.utils.clear_session()  # Keras names its layers afresh in each graph
+    start, single = train_steps(keras_bn_model(synchronized), ["/cpu:0"], batches,
+                                lambda: SGD(0.5), "local")
+    keras.utils.clear_session()
+    _, multi = train_steps(keras_bn_model(synchronized), cpus(num_towers), batches,
+                           lambda: SGD(0.5), batch_norm, start, mode)
+    assert sorted(single) == sorted(multi)
+    moving = [n for n in single if "moving" in n]
+    assert moving
+    return (max(np.abs(single[n] - multi[n]).max() for n in single),
+            max(np.abs(single[n] - multi[n]).max() for n in moving))
+
+
+@pytest.mark.parametrize("mode", ["parameter_server", "replicated"])
+def test_keras_synchronized_batch_norm_normalizes_by_the_whole_batch(mode):
+    # Synchronized whatever towers.batch_norm says: the layer asks for it.
+    assert max(keras_largest_differences(True, "local", 3, mode)) < 1e-5
+
+
+def test_a_plain_keras_batch_norm_keeps_its_towers_statistics_under_sync():
+    # Keras' definition of synchronized=False; the built-in batch norm follows the job.
+    assert keras_largest_differences(False, "sync", 2)[1] > 1e-3
