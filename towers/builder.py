@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from towers import keras_sync
+from towers import keras_random, keras_sync
 from towers.batch_stats import CrossTowerSums
 from towers.context import ModelFn, TowerContext, TowerOutputs, as_tower_outputs, own_collection
 from towers.made_variables import MadeVariables
@@ -86,6 +86,7 @@ def build_towers(
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
             keras_sync.synchronized_moments(tower_sum),
+            keras_random.tower_seeds(i),
         ):
             features = precision.cast_features(shard.features)
             outputs = precision.cast_outputs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -53,7 +54,13 @@ def build_training_graph(
     skipped: counts the input records skipped (data.on_bad_record: skip).
     """
     job = plan.job
-    V1.set_random_seed(job.train.seed)
+    # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
+    # the seed's own: otherwise every rank would apply the same dropout masks. Initial
+    # values need not agree (rank 0's are broadcast, the chief's are the ps's).
+    seed = job.train.seed + plan.shard[0]
+    V1.set_random_seed(seed)
+    # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
+    random.seed(seed)
     features, labels = input_tensors(plan, training=True, batch_size=plan.batch_size,
                                      skipped=skipped)
     mode = plan.variable_update()
