@@ -237,3 +237,17 @@ def test_keras_synchronized_batch_norm_normalizes_by_the_whole_batch(mode):
 def test_a_plain_keras_batch_norm_keeps_its_towers_statistics_under_sync():
     # Keras' definition of synchronized=False; the built-in batch norm follows the job.
     assert keras_largest_differences(False, "sync", 2)[1] > 1e-3
+
+
+def test_on_gpus_each_towers_statistics_are_summed_on_its_own_gpu(graph):
+    # Built, never run (no GPU here): every collective, forward and backward, runs on
+    # its tower's GPU, where TensorFlow's collectives use NCCL.
+    x, y = batch(8)
+    towers.build_train_op(bn_model([]), tf.constant(x), tf.constant(y), SGD(1.0),
+                          ["/gpu:0", "/gpu:1"], batch_norm="sync")
+    reduced = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
+    assert len(reduced) == 2 * 2 * 2 * 2  # layers x (mean, variance) x (forward, backward) x towers
+    for op in reduced:
+        tower = int(op.name.split("/")[0].removeprefix("tower_"))
+        assert tf.DeviceSpec.from_string(op.device).device_index == tower, op.name
+        assert tf.DeviceSpec.from_string(op.device).device_type == "GPU", op.name
