@@ -237,6 +237,8 @@ def _compute_text(plan: Plan) -> str:
         parts.append(f"gradients sent as {job.towers.gradient_dtype}")
     if job.towers.xla:
         parts.append("XLA")
+    if job.towers.batch_norm == "sync":
+        parts.append("batch norm synchronized over the global batch")
     steps = job.train.accumulate_steps
     if steps > 1:
         parts.append(f"{steps} micro-batches of {plan.batch_size // steps} examples per update")

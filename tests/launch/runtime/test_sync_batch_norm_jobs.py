@@ -16,19 +16,22 @@ RESNET = {"model": {"name": "resnet20", "image_size": 8, "base_filters": 4, "num
           "towers": {"devices": 2}}
 
 
-def run(ckpt, steps, batch_norm):
+def run(ckpt, steps, batch_norm, lines):
     raw = {**RESNET, "towers": {**RESNET["towers"], "batch_norm": batch_norm},
            "train": {"batch_size": 8, "steps": steps, "log_every_steps": 2,
                      "checkpoint_dir": str(ckpt)}}
-    return train(from_dict(raw), write=lambda line: None)
+    return train(from_dict(raw), write=lines.append)
 
 
 def test_a_sync_jobs_checkpoint_resumes_with_local_batch_norm(tmp_path):
     # The variables are the same either way (tests/towers/test_sync_batch_norm.py), so
     # one switch stands for both directions.
     for steps, batch_norm in [(2, "sync"), (4, "local")]:
-        result = run(tmp_path, steps, batch_norm)
+        lines = []
+        result = run(tmp_path, steps, batch_norm, lines)
         assert (result["global_step"], result["steps_run"]) == (steps, 2)
+        synchronized = "batch norm synchronized over the global batch" in lines[0]
+        assert synchronized == (batch_norm == "sync"), lines[0]
 
 
 def test_a_ps_worker_job_refuses_sync_batch_norm_naming_the_key():
