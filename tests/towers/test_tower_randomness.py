@@ -1,6 +1,8 @@
 """Each tower draws its own random numbers (dropout masks), and a fixed seed draws them
 again: N towers apply independent noise, as one device on the whole batch does."""
 
+import random
+
 import keras
 import numpy as np
 import pytest
@@ -23,7 +25,6 @@ def keras_dropout(features):
 def masks(dropout, seed=0):
     """The dropout masks of 2 towers of 4 examples each, one per tower, [4, 64] each."""
     keras.utils.clear_session()
-    keras.utils.set_random_seed(seed)  # Keras draws its generators' seeds from Python's
     captured = []
 
     def model_fn(features, labels, ctx):
@@ -32,11 +33,14 @@ def masks(dropout, seed=0):
         captured.append(tf.not_equal(dropped, 0.0))
         return tf.reduce_mean(dropped * w)
 
+    python_random = random.getstate()  # other tests keep theirs
+    random.seed(seed)  # Keras draws its generators' seeds from Python's, as the launcher seeds
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(seed)
         ops = towers.build_train_op(model_fn, tf.ones([8, 64]), tf.zeros([8], tf.int32),
                                     tf.compat.v1.train.GradientDescentOptimizer(0.1), cpus(2))
         with tf.compat.v1.Session(config=cpu_session_config(2)) as sess:
+            random.setstate(python_random)
             sess.run(ops.init_op)
             return sess.run(captured)
 
