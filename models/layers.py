@@ -22,6 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 
+import towers
+
 v1 = tf.compat.v1
 
 
@@ -117,6 +119,7 @@ def batch_norm(
     decay: float = 0.9,
     epsilon: float = 1e-5,
     scope: str = "batch_norm",
+    across: Callable[[tf.Tensor], tf.Tensor] | None = None,
 ) -> tf.Tensor:
     """Batch normalization over every axis but the last (channels).
 
@@ -130,6 +133,9 @@ def batch_norm(
     moving <- decay * moving + (1 - decay) * batch, to GraphKeys.UPDATE_OPS;
     the caller runs them with the train op (the builder takes tower 0's).
     Evaluation normalizes with the moving statistics and adds no ops.
+    across: a tower's `ctx.batch_sum`: with synchronized batch norm the statistics
+        are the whole global batch's (summed across the towers), computed as the
+        fused kernel computes them on one device; None: this batch's own, fused.
     """
     channels = _static_dim(x, -1, "batch_norm")
     zeros, ones = v1.zeros_initializer(), v1.ones_initializer()
@@ -150,15 +156,32 @@ def batch_norm(
                 x4, gamma, beta, moving_mean, moving_var, epsilon=epsilon, is_training=False
             )
         else:
-            y, mean, variance = v1.nn.fused_batch_norm(
-                x4, gamma, beta, epsilon=epsilon, is_training=True
-            )
+            if across is None:
+                y, mean, variance = v1.nn.fused_batch_norm(
+                    x4, gamma, beta, epsilon=epsilon, is_training=True
+                )
+            else:
+                y, mean, variance = _synchronized_batch_norm(x4, gamma, beta, epsilon, across)
             for moving, batch_value in ((moving_mean, mean), (moving_var, variance)):
                 # read_value=False makes this an Operation (not a variable-like read),
                 # named under the caller's name scope so the builder can pick tower 0's.
                 update = moving.assign_sub((moving - batch_value) * (1.0 - decay), read_value=False)
                 v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)
     return y if x.shape.rank == 4 else tf.reshape(y, tf.shape(x))
+
+
+def _synchronized_batch_norm(
+    x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float,
+    across: Callable[[tf.Tensor], tf.Tensor],
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """What fused_batch_norm returns in training, over the global batch: x [b, h, w, c]
+    normalized in float32 and returned in x's type, the float32 mean [c] and the
+    variance [c] with Bessel's correction (n / (n - 1)), as the fused kernel gives it
+    for the moving statistics while normalizing with the biased one."""
+    mean, variance, count = towers.batch_moments(x, [0, 1, 2], across)
+    y = tf.nn.batch_normalization(tf.cast(x, tf.float32), mean, variance, beta, gamma, epsilon)
+    corrected = variance * count / tf.maximum(count - 1.0, 1.0)
+    return tf.cast(y, x.dtype), mean, corrected
 
 
 def dropout(x: tf.Tensor, rate: float, is_training: bool) -> tf.Tensor:

@@ -103,5 +103,6 @@ def _shortcut(x: tf.Tensor, filters: int, stride: int) -> tf.Tensor:
 
 def _batch_norm(x: tf.Tensor, params: Params, ctx: TowerContext, scope: str) -> tf.Tensor:
     return layers.batch_norm(
-        x, ctx.is_training, params.batch_norm_decay, params.batch_norm_epsilon, scope=scope
+        x, ctx.is_training, params.batch_norm_decay, params.batch_norm_epsilon, scope=scope,
+        across=ctx.batch_sum,
     )

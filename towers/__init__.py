@@ -6,6 +6,8 @@ Pure graph construction: no sessions, files, flags or servers in this package.
 This module is the package's whole public surface; callers import nothing deeper.
 """
 
+from towers.batch_stats import BATCH_NORMS, CrossTowerSums
+from towers.batch_stats import moments as batch_moments
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tower_outputs
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
@@ -27,6 +29,7 @@ from towers.variable_update import (
 
 __all__ = [
     "ALL_REDUCE",
+    "BATCH_NORMS",
     "GRADIENT_DTYPES",
     "NONFINITE_GRADIENT",
     "NONFINITE_LOSS",
@@ -35,6 +38,7 @@ __all__ = [
     "REPLICA_COPIES",
     "VARIABLE_UPDATES",
     "CrossProcess",
+    "CrossTowerSums",
     "DeviceFn",
     "DynamicLossScale",
     "EvalOps",
@@ -51,6 +55,7 @@ __all__ = [
     "VariableUpdate",
     "all_reduce_method",
     "as_tower_outputs",
+    "batch_moments",
     "batch_shortfall",
     "build_eval_ops",
     "build_train_op",

@@ -22,12 +22,13 @@ micro-batch 0's tower 0 only (train_op takes UPDATE_OPS from its scope).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from towers import gradients as grad_lib
+from towers.batch_stats import CrossTowerSums
 from towers.builder import Tower, build_towers
 from towers.context import Features, ModelFn
 from towers.loss_scale import LossScaler
@@ -66,12 +67,16 @@ def build_step(
     precision: Precision,
     scaler: LossScaler | None,
     xla: bool,
+    batch_sums: Callable[[], CrossTowerSums | None] = lambda: None,
 ) -> Step:
     """Split the global batch (features [B, ...], labels [B, ...]) into micro-batches and
     those across `devices`; build every tower and its weighted gradients.
 
     sharing: what each tower's variables are (the update mode's, towers.sharing).
-    home: where the example weights are computed."""
+    home: where the example weights are computed.
+    batch_sums: makes the sums across towers of each micro-batch (synchronized batch
+        norm: a micro-batch is normalized by its own statistics, as one device running
+        that micro-batch would); None for each tower's own statistics."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"accumulate_steps must be a positive integer, got {micro_batches!r}")
     with tf.name_scope("split_batch"):
@@ -85,7 +90,7 @@ def build_step(
         with tf.name_scope(f"micro_batch_{m}") if m else contextlib.nullcontext():
             towers = build_towers(model_fn, shards, devices, sharing, is_training=True,
                                   reuse_existing=m > 0, precision=precision, xla=xla,
-                                  after=after, made=made)
+                                  after=after, made=made, batch_sums=batch_sums())
         if m:
             _check_same_variables(built[: len(devices)], towers, m)
         tower_weights = weights[m * len(devices): (m + 1) * len(devices)]

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
+from towers import keras_random, keras_sync
+from towers.batch_stats import CrossTowerSums
 from towers.context import ModelFn, TowerContext, TowerOutputs, as_tower_outputs, own_collection
 from towers.made_variables import MadeVariables
 from towers.placement import tower_device_fn
@@ -41,6 +43,7 @@ def build_towers(
     xla: bool = False,
     after: Sequence[Sequence[tf.Tensor]] | None = None,
     made: MadeVariables | None = None,
+    batch_sums: CrossTowerSums | None = None,
 ) -> list[Tower]:
     """Build one tower per device; `sharing` says what each tower's variables are and
     where they live (towers.sharing: tower 0 creates them, later towers are handed
@@ -54,6 +57,10 @@ def build_towers(
     xla: each tower is compiled with XLA (its gradients too, when taken later).
     after: after[i] are tensors tower i's ops wait for (a micro-batch waits for the
         previous one's gradients).
+    batch_sums: the sums across these towers for synchronized batch norm: Keras'
+        BatchNormalization(synchronized=True) uses them, and with every_batch_norm
+        each tower's context carries them (TowerContext.batch_sum); None: one tower
+        and process, nothing to synchronize.
     made: the variables made without get_variable in an earlier build of the same
         towers (a later micro-batch), handed out again; None: a new build.
     """
@@ -63,8 +70,10 @@ def build_towers(
     variables = TowerVariables(sharing, made, reuse_existing)
     towers: list[Tower] = []
     for i, (shard, device) in enumerate(zip(shards, devices, strict=True)):
+        tower_sum = batch_sums.for_tower(i) if batch_sums else None
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
-                           precision.compute_dtype)
+                           precision.compute_dtype,
+                           tower_sum if batch_sums and batch_sums.every_batch_norm else None)
         outer = tf.compat.v1.get_default_graph().get_name_scope()
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
         with (
@@ -76,6 +85,8 @@ def build_towers(
             tf.control_dependencies(after[i] if after else []),
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
+            keras_sync.synchronized_moments(tower_sum),
+            keras_random.tower_seeds(i),
         ):
             features = precision.cast_features(shard.features)
             outputs = precision.cast_outputs(

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import tensorflow as tf
+
+from towers import batch_stats
+from towers.batch_stats import Sum
 
 Features = tf.Tensor | Mapping[str, tf.Tensor]
 
@@ -28,6 +31,10 @@ class TowerContext:
         asked for without a dtype are read in it. Values a model keeps in float32
         (embedding rows looked up by integer ids) are cast to it where they enter
         the compute.
+    batch_sum: with synchronized batch norm (build_train_op's batch_norm="sync"), a
+        float32 tensor summed over every tower of the step (and every process), with
+        its gradient; None when each tower's batch statistics are its own. Every
+        tower must make the same calls in the same order (towers.batch_stats).
     """
 
     index: int
@@ -36,6 +43,14 @@ class TowerContext:
     is_training: bool
     num_examples: Any = None
     compute_dtype: tf.DType = tf.float32
+    batch_sum: Sum | None = None
+
+    def batch_moments(self, x: tf.Tensor, axes: Sequence[int]
+                      ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The float32 mean and biased variance over `axes` of x (e.g. [batch, h, w, c]
+        over [0, 1, 2] gives two [c] tensors), and the element count they are over:
+        of the whole global batch with synchronized batch norm, else of this shard."""
+        return batch_stats.moments(x, axes, self.batch_sum)
 
     @property
     def is_first(self) -> bool:

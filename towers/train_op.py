@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import tensorflow as tf
 
+from towers import batch_stats
 from towers import nonfinite as nonfinite_lib
 from towers import precision as precision_lib
 from towers.accumulate import build_step
+from towers.batch_stats import CrossTowerSums
 from towers.builder import Tower, build_towers
 from towers.context import Features, ModelFn
 from towers.placement import DeviceFn
@@ -82,6 +84,7 @@ def build_train_op(
     precision: str | Precision = "float32",
     accumulate_steps: int = 1,
     xla: bool = False,
+    batch_norm: str = "local",
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -104,6 +107,9 @@ def build_train_op(
         other, summing their gradients into one update (towers.accumulate); B must
         be at least k * N.
     xla: compile each tower (forward and backward) with XLA.
+    batch_norm: "local" (each tower normalizes by its own shard's statistics) or
+        "sync" (by the whole global batch's, across the towers and, in a CrossProcess
+        mode with `sum_across_processes`, the processes; towers.batch_stats).
     """
     devices = _check_devices(devices)
     if clip_norm is not None and clip_norm <= 0:
@@ -118,7 +124,8 @@ def build_train_op(
     scaler = policy.loss_scaler(home)
 
     step = build_step(model_fn, features, labels, devices, mode.variables, home,
-                      micro_batches=accumulate_steps, precision=policy, scaler=scaler, xla=xla)
+                      micro_batches=accumulate_steps, precision=policy, scaler=scaler, xla=xla,
+                      batch_sums=_batch_sums(batch_norm, devices, mode))
     towers = step.towers
     pairs, norm = mode.combine_gradients(towers, step.gradients, clip_norm)
     loss, metrics = _combine_outputs(step.built, step.weights, home)
@@ -174,6 +181,18 @@ def build_eval_ops(
     with tf.device(home):
         num_examples = tf.add_n(counts, name="num_examples")
     return EvalOps(loss, metrics, _concat_predictions(towers, home, num_examples), num_examples)
+
+
+def _batch_sums(batch_norm: str, devices: list[str],
+                mode: VariableUpdate) -> Callable[[], CrossTowerSums | None]:
+    """What makes each micro-batch's sums across towers: nothing with one tower and one
+    process; else sums every batch norm uses ("sync"), or only Keras layers made with
+    synchronized=True ("local")."""
+    across = getattr(mode, "sum_across_processes", None)
+    every = batch_stats.check_batch_norm(batch_norm) == "sync"
+    if len(devices) == 1 and not across:
+        return lambda: None
+    return lambda: CrossTowerSums(devices, across, every_batch_norm=every)
 
 
 def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operation:

@@ -188,15 +188,20 @@ class CrossProcess(VariableUpdate):
     decision and reports the same values.
     within: the mode of the process's own towers; by default
         ParameterServer(param_device, aggregation_device).
+    sum_across_processes: a float32 tensor summed over the processes (an all-reduce
+        sum, unweighted), for synchronized batch norm's statistics; None: batch norm
+        synchronizes within each process only.
     """
 
     name = "cross_process"
 
     def __init__(self, reduce: GradientsFn, param_device: str | DeviceFn = "/cpu:0",
                  aggregation_device: str | None = None, *,
-                 within: ParameterServer | None = None):
+                 within: ParameterServer | None = None,
+                 sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None):
         self.within = within or ParameterServer(param_device, aggregation_device)
         self.reduce = reduce
+        self.sum_across_processes = sum_across_processes
         self.variables = self.within.variables
 
     def home(self, devices: Sequence[str]) -> str:
@@ -238,6 +243,7 @@ def resolve_variable_update(
     *,
     aggregation_device: str | None = None,
     reduce: GradientsFn | None = None,
+    sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None,
 ) -> VariableUpdate:
     """The one place a mode is made from its two choices: a mode name (how the towers
     of a process share: one of VARIABLE_UPDATES) and, for a process of a
@@ -247,6 +253,8 @@ def resolve_variable_update(
         "least_loaded": spread over `devices` by byte size.
     aggregation_device: with "parameter_server", where the towers' gradients are
         summed (None: on each variable's device).
+    sum_across_processes: with `reduce`, the plain sum across processes synchronized
+        batch norm uses (CrossProcess).
     """
     if isinstance(variable_update, VariableUpdate):
         return variable_update
@@ -263,7 +271,9 @@ def resolve_variable_update(
     if param_device == "least_loaded":
         param_device = least_loaded(devices)
     within = ParameterServer(param_device, aggregation_device)
-    return within if reduce is None else CrossProcess(reduce, within=within)
+    if reduce is None:
+        return within
+    return CrossProcess(reduce, within=within, sum_across_processes=sum_across_processes)
 
 
 def _wire_dtype(tower_grads: list[list]) -> tf.DType:

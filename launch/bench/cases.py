@@ -67,6 +67,7 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int,
             model.model_fn, tf.constant(x), tf.constant(y), optimizer(),
             [f"/cpu:{i}" for i in range(num_towers)], variable_update=mode,
             precision=precision, accumulate_steps=variant.accumulate, xla=variant.xla,
+            batch_norm=variant.batch_norm,
         )
         trainable = {v.op.name: v for v in tf.compat.v1.trainable_variables()}
         placeholders = {name: tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)

@@ -46,13 +46,14 @@ GRADIENT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class Variant(NamedTuple):
-    """How every row of one kind computes: the --precision, --accumulate, --xla and
-    --gradient-dtype axes. The first variant of a run is its base."""
+    """How every row of one kind computes: the --precision, --accumulate, --xla,
+    --gradient-dtype and --batch-norm axes. The first variant of a run is its base."""
 
     precision: str = "float32"
     accumulate: int = 1
     xla: bool = False
     gradient_dtype: str = "float32"
+    batch_norm: str = "local"
 
     @property
     def label(self) -> str:
@@ -64,6 +65,8 @@ class Variant(NamedTuple):
             parts.append(f"accumulate {self.accumulate}")
         if self.gradient_dtype != "float32":
             parts.append(f"{self.gradient_dtype} gradients")
+        if self.batch_norm != "local":
+            parts.append(f"{self.batch_norm} batch norm")
         return ", ".join(parts)
 
     @property
@@ -75,7 +78,7 @@ class Variant(NamedTuple):
         """The job keys of this variant, for whole `towers` runs."""
         return {"towers.precision": self.precision, "towers.xla": self.xla,
                 "towers.gradient_dtype": self.gradient_dtype,
-                "train.accumulate_steps": self.accumulate}
+                "train.accumulate_steps": self.accumulate, "towers.batch_norm": self.batch_norm}
 
 
 FLOAT32 = Variant()  # every axis at its default: the rows `towers bench` measured before
@@ -159,6 +162,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-dtype", metavar="T,...",
                         help="rows sending gradients in each of float32, bfloat16, float16 "
                         "(default float32)")
+    parser.add_argument("--batch-norm", metavar="local,sync",
+                        help="rows with each towers.batch_norm (default local): sync "
+                        "normalizes by the whole batch across the towers")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"steps per timed block (default {DEFAULTS['steps']})")
     parser.add_argument("--warmup", type=int, metavar="N",
@@ -208,7 +214,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
         out=args.out,
         run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
         variants=parse_variants(args.precision, args.accumulate, args.xla,
-                                args.gradient_dtype),
+                                args.gradient_dtype, args.batch_norm),
         data_options={key: getattr(job.data, key) for key in INPUT_PIPELINE_KEYS},
         model_path=job.model.path,
         job_dir=job.model.job_dir,
@@ -247,7 +253,8 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 
 def parse_variants(precisions: str | None, accumulate: str | None, xla: str | None,
-                   gradient_dtypes: str | None) -> tuple[Variant, ...]:
+                   gradient_dtypes: str | None,
+                   batch_norms: str | None = None) -> tuple[Variant, ...]:
     """Every combination of the axes given (each a comma-separated list), in the order
     given: the first is the base the others' ratios are taken to."""
     axes = [
@@ -255,6 +262,7 @@ def parse_variants(precisions: str | None, accumulate: str | None, xla: str | No
         [_positive("--accumulate", k) for k in _split(accumulate or "1")],
         [v == "on" for v in _parse_list("--xla", xla or "off", ["off", "on"])],
         _parse_list("--gradient-dtype", gradient_dtypes or "float32", list(GRADIENT_DTYPES)),
+        _parse_list("--batch-norm", batch_norms or "local", ["local", "sync"]),
     ]
     return tuple(Variant(*values) for values in itertools.product(*axes))
 

@@ -127,6 +127,8 @@ def cannot_run(row: Row, horovod_missing_reason: str | None) -> str | None:
                                    or variant.gradient_dtype != "float32"
                                    or variant.precision == "mixed_float16"):
         return "the mirrored row runs float32 or mixed_bfloat16 only, without the other options"
+    if variant.batch_norm == "sync" and row.mode in ("mirrored", "ps_worker"):
+        return f"sync batch norm is not available in the {row.mode} row"
     return None
 
 

@@ -40,6 +40,8 @@ VARIABLE_UPDATES = ("parameter_server", "replicated", "horovod")
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 GRADIENT_DTYPES = ("float32", "bfloat16", "float16")
 PARAM_DEVICES = ("cpu", "gpu", "least_loaded")
+# towers.BATCH_NORMS, spelled out for the same reason.
+BATCH_NORMS = ("local", "sync")
 
 
 def _warm_start(value: Any) -> WarmStartConfig:
@@ -64,6 +66,8 @@ class TowersConfig:
     precision: what the towers compute in (variables and checkpoints stay float32).
     gradient_dtype: what gradients travel in between devices and processes.
     xla: compile each tower with XLA.
+    batch_norm: local (each tower normalizes by its own shard) or sync (by the whole
+        global batch, across towers and Horovod ranks).
     """
 
     devices: str | int | tuple[str, ...] = _field(AUTO, device_count_or_list)
@@ -73,6 +77,7 @@ class TowersConfig:
     gradient_dtype: str = _field("float32", choice(*GRADIENT_DTYPES))
     xla: bool = _field(False, boolean)
     loss_scale: LossScaleConfig = section_field(LossScaleConfig)
+    batch_norm: str = _field("local", choice(*BATCH_NORMS))
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:

@@ -119,6 +119,7 @@ def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
         shard=(rank.rank, rank.size),
         reduce_gradients=all_reduce(hvd, share=local / batch),
         step_examples=batch,
+        sum_across_processes=lambda value: hvd.allreduce(value, op=hvd.Sum),
     )
 
 

@@ -49,6 +49,12 @@ def worker_plan(job: JobConfig, task: Task) -> Plan:
             "towers.variable_update: ps/worker jobs keep variables on the ps tasks; "
             f"use parameter_server, not {job.towers.variable_update}"
         )
+    if job.towers.batch_norm == "sync":
+        # Workers run separate sessions that meet only through the ps variables: they
+        # cannot join one another's collectives, so each would normalize by its own share.
+        raise ClusterError(
+            "towers.batch_norm: sync is not available in ps/worker jobs (workers do not "
+            "share batch statistics); use local, or --backend horovod")
     base = make_plan(job, processes=task.num_workers)
     batch = towers.shard_sizes(job.train.batch_size, task.num_workers)[task.worker_rank]
     setter = V1.train.replica_device_setter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -36,6 +37,8 @@ class Plan:
     shard: this process's part of every global batch and of the data.
     step_examples: examples a step stands for in the reported rates (0: batch_size);
     Horovod ranks step in lockstep, so each reports the whole job's rate.
+    sum_across_processes: a plain sum over the processes (Horovod ranks) for
+    synchronized batch norm's statistics; None in a job of one process.
     model.input_spec is always set: a model that declares none gets the data's.
     """
 
@@ -51,6 +54,7 @@ class Plan:
     shard: tuple[int, int] = (0, 1)
     reduce_gradients: towers.GradientsFn | None = None
     step_examples: int = 0
+    sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None
 
     def variable_update(self) -> towers.VariableUpdate:
         """The update mode: this process's sharing, composed with the reduction across
@@ -58,7 +62,8 @@ class Plan:
         graph: a least_loaded parameter device keeps its balance in the object."""
         return towers.resolve_variable_update(
             self.sharing, self.param_device, self.devices,
-            aggregation_device=self.aggregation, reduce=self.reduce_gradients)
+            aggregation_device=self.aggregation, reduce=self.reduce_gradients,
+            sum_across_processes=self.sum_across_processes)
 
     def precision(self) -> towers.Precision:
         """What the towers compute, send gradients and scale the loss in."""

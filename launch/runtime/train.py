@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -53,7 +54,13 @@ def build_training_graph(
     skipped: counts the input records skipped (data.on_bad_record: skip).
     """
     job = plan.job
-    V1.set_random_seed(job.train.seed)
+    # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
+    # the seed's own: otherwise every rank would apply the same dropout masks. Initial
+    # values need not agree (rank 0's are broadcast, the chief's are the ps's).
+    seed = job.train.seed + plan.shard[0]
+    V1.set_random_seed(seed)
+    # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
+    random.seed(seed)
     features, labels = input_tensors(plan, training=True, batch_size=plan.batch_size,
                                      skipped=skipped)
     mode = plan.variable_update()
@@ -76,6 +83,7 @@ def build_training_graph(
         precision=plan.precision(),
         accumulate_steps=job.train.accumulate_steps,
         xla=job.towers.xla,
+        batch_norm=job.towers.batch_norm,
     )
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
@@ -229,6 +237,8 @@ def _compute_text(plan: Plan) -> str:
         parts.append(f"gradients sent as {job.towers.gradient_dtype}")
     if job.towers.xla:
         parts.append("XLA")
+    if job.towers.batch_norm == "sync":
+        parts.append("batch norm synchronized over the global batch")
     steps = job.train.accumulate_steps
     if steps > 1:
         parts.append(f"{steps} micro-batches of {plan.batch_size // steps} examples per update")

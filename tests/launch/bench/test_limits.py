@@ -44,6 +44,17 @@ def test_variants_are_every_combination_base_first():
     assert bench.Variant(gradient_dtype="float16").label == "float32, float16 gradients"
 
 
+def test_sync_batch_norm_rows_stand_beside_local_ones_where_it_runs():
+    from launch.bench.settings import Row
+    from launch.bench.throughput import cannot_run
+
+    local, sync = bench.parse_variants(None, None, None, None, "local,sync")
+    assert (local.label, sync.label) == ("float32", "float32, sync batch norm")
+    assert sync.job_values()["towers.batch_norm"] == "sync"
+    assert cannot_run(Row("replicated", 2, sync), None) is None
+    assert "not available in the ps_worker row" in cannot_run(Row("ps_worker", 2, sync), None)
+
+
 def test_rows_of_one_mode_and_count_stand_side_by_side():
     settings = bench.Settings("mlp", {}, 16, (1, 2), ("replicated", "mirrored"), 1, 0, 1,
                               variants=bench.parse_variants("float32,mixed_float16", None,

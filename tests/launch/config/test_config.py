@@ -57,6 +57,7 @@ towers:
   gradient_dtype: float32
   xla: false
   loss_scale: {initial: 32768.0, growth_steps: 2000}
+  batch_norm: local
 optimizer:
   name: momentum
   learning_rate: 0.05
@@ -263,9 +264,10 @@ def test_variable_update_accepts_the_towers_modes_and_horovod():
 
 def test_precisions_and_gradient_types_are_the_towers_ones():
     import towers
-    from launch.config.training import GRADIENT_DTYPES, PRECISIONS
+    from launch.config.training import BATCH_NORMS, GRADIENT_DTYPES, PRECISIONS
 
     assert PRECISIONS == towers.PRECISIONS and GRADIENT_DTYPES == towers.GRADIENT_DTYPES
+    assert BATCH_NORMS == towers.BATCH_NORMS
 
 
 @pytest.mark.parametrize("overrides, key, message", [

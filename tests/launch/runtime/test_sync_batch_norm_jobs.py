@@ -1,0 +1,74 @@
+"""towers.batch_norm and the towers' randomness in whole `towers train` jobs, run in
+this process: a checkpoint directory resumes when the job switches between local and
+sync batch norm, a ps/worker job refuses sync with one line, and a Keras job with
+dropout repeats for a fixed seed."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from launch.config import from_dict
+from launch.distributed.cluster_spec import ClusterError, Task
+from launch.runtime.train import train
+
+RESNET = {"model": {"name": "resnet20", "image_size": 8, "base_filters": 4, "num_classes": 3},
+          "data": {"source": "synthetic", "num_examples": 64},
+          "towers": {"devices": 2}}
+
+
+def run(ckpt, steps, batch_norm, lines):
+    raw = {**RESNET, "towers": {**RESNET["towers"], "batch_norm": batch_norm},
+           "train": {"batch_size": 8, "steps": steps, "log_every_steps": 2,
+                     "checkpoint_dir": str(ckpt)}}
+    return train(from_dict(raw), write=lines.append)
+
+
+def test_a_sync_jobs_checkpoint_resumes_with_local_batch_norm(tmp_path):
+    # The variables are the same either way (tests/towers/test_sync_batch_norm.py), so
+    # one switch stands for both directions.
+    for steps, batch_norm in [(2, "sync"), (4, "local")]:
+        lines = []
+        result = run(tmp_path, steps, batch_norm, lines)
+        assert (result["global_step"], result["steps_run"]) == (steps, 2)
+        synchronized = "batch norm synchronized over the global batch" in lines[0]
+        assert synchronized == (batch_norm == "sync"), lines[0]
+
+
+def test_a_ps_worker_job_refuses_sync_batch_norm_naming_the_key():
+    from launch.distributed.worker import worker_plan
+
+    job = from_dict({**RESNET, "towers": {"devices": 2, "batch_norm": "sync"}})
+    task = Task({"ps": ("127.0.0.1:2222",), "worker": ("127.0.0.1:2223",)}, "worker", 0)
+    with pytest.raises(ClusterError, match=r"^towers.batch_norm: sync is not available in "
+                                           r"ps/worker jobs.*use local, or --backend horovod"):
+        worker_plan(job, task)
+
+
+KERAS_MODEL = '''
+import keras
+
+def build():
+    net = keras.Sequential([keras.layers.Dense(16, activation="relu"),
+                            keras.layers.Dropout(0.5), keras.layers.Dense(2)])
+    net.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return net
+
+build.input_spec = {"feature_shape": (8,), "num_classes": 2}
+'''
+
+
+def test_a_keras_job_with_dropout_repeats_for_a_fixed_seed(tmp_path):
+    # Keras draws its layers' seeds (dropout, initial weights) from Python's generator:
+    # the job seeds it with train.seed, so two runs save the same variables.
+    (tmp_path / "dropout_model.py").write_text(KERAS_MODEL)
+    saved = []
+    for run_dir in ("a", "b"):
+        raw = {"model": {"name": "dropout_model:build", "path": str(tmp_path)},
+               "data": {"source": "synthetic"}, "towers": {"devices": 2},
+               "train": {"batch_size": 8, "steps": 3, "checkpoint_dir": str(tmp_path / run_dir)}}
+        train(from_dict(raw), write=lambda line: None)
+        reader = tf.train.load_checkpoint(str(tmp_path / run_dir))
+        saved.append({n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()})
+    assert saved[0].keys() == saved[1].keys()
+    for name in saved[0]:
+        np.testing.assert_array_equal(saved[0][name], saved[1][name], err_msg=name)
