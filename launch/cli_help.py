@@ -131,6 +131,7 @@ and listed in a file_sd targets file for Prometheus.
 examples:
   towers local-cluster --ps 1 --workers 2
   towers local-cluster -c job.yaml --ps 2 --workers 2 --evaluator --set train.sync=true
+  towers local-cluster --ps 0 --workers 2   # no ps: gradients all-reduced by collective ops
 """
 
 EPILOG_BENCH = """Examples/sec of the job's model (or --model) at one global batch on 1 device

@@ -6,6 +6,7 @@ Pure graph construction: no sessions, files, flags or servers in this package.
 This module is the package's whole public surface; callers import nothing deeper.
 """
 
+from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tower_outputs
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
@@ -34,6 +35,7 @@ __all__ = [
     "PRECISIONS",
     "REPLICA_COPIES",
     "VARIABLE_UPDATES",
+    "CollectiveGroup",
     "CrossProcess",
     "DeviceFn",
     "DynamicLossScale",
@@ -52,10 +54,12 @@ __all__ = [
     "all_reduce_method",
     "as_tower_outputs",
     "batch_shortfall",
+    "broadcast_variables",
     "build_eval_ops",
     "build_train_op",
     "least_loaded",
     "resolve_variable_update",
     "shard_sizes",
     "split_batch",
+    "weighted_all_reduce",
 ]
