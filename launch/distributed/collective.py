@@ -26,6 +26,7 @@ import towers
 from launch import metrics
 from launch.config import ClusterConfig, JobConfig
 from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
+from launch.distributed.liveness import not_answering
 from launch.distributed.server import start_server
 from launch.distributed.step_deadline import StepDeadline, stuck_step
 from launch.errors import PeerUnavailable
@@ -113,20 +114,42 @@ def peers(task: Task) -> dict[str, str]:
     return found
 
 
+def lost_peer(task: Task) -> str:
+    """What to say when a collective failed on a peer: the peers not answering now."""
+    silent = [f"{name} at {a}" for name, a in not_answering(peers(task)).items()]
+    who = f"not answering: {', '.join(silent)}" if silent else "every peer answers again"
+    return (f"cluster: a collective step lost a worker ({who}); a job without ps tasks "
+            "cannot go on without it. Restart every worker: training resumes from the "
+            "last checkpoint")
+
+
 class BroadcastHook(V1.train.SessionRunHook):
     """As the session starts, every worker takes the chief's variables (restored, or
     freshly initialised), then refreshes its towers' copies, if any (sync_op). Placed
-    before every other hook, so none reads a variable before it."""
+    before every other hook, so none reads a variable before it.
 
-    def __init__(self, group: towers.CollectiveGroup, is_source: bool, sync_op: tf.Operation):
+    A session is created once. MonitoredSession creates it again after a peer's
+    connection broke (UnavailableError), as it would for a restarted ps; but
+    TensorFlow aborts a process's collectives for good once one failed ("restart your
+    program to reset"), so a second session would wait for ever: the worker ends with
+    138 instead (`lost`: the error, naming the peers that do not answer).
+    """
+
+    def __init__(self, group: towers.CollectiveGroup, is_source: bool, sync_op: tf.Operation,
+                 lost: Callable[[], PeerUnavailable]):
         self._group, self._is_source, self._sync_op = group, is_source, sync_op
+        self._lost = lost
         self._broadcast = None
+        self._created = False
 
     def begin(self) -> None:
         self._broadcast = towers.broadcast_variables(
             self._group, V1.global_variables(), self._is_source)
 
     def after_create_session(self, session, coord) -> None:
+        if self._created:
+            raise self._lost()
+        self._created = True
         session.run(self._broadcast)
         session.run(self._sync_op)
 
@@ -173,7 +196,8 @@ class CollectiveRole(Role):
         self.deadline = StepDeadline(job.cluster)
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
-        return [BroadcastHook(self._group, self._task.is_chief, ops.sync_op)]
+        return [BroadcastHook(self._group, self._task.is_chief, ops.sync_op,
+                              lambda: PeerUnavailable(lost_peer(self._task)))]
 
     def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
         return [self.deadline]
