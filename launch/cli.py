@@ -148,7 +148,9 @@ def _local_cluster_parser(commands) -> None:
     local = _job_command(
         commands, "local-cluster", "run a whole ps/worker job on this host", EPILOG_LOCAL_CLUSTER
     )
-    local.add_argument("--ps", type=int, default=1, metavar="N", help="ps tasks (default 1; 0: the workers keep the variables and all-reduce "
+    local.add_argument(
+        "--ps", type=int, default=1, metavar="N",
+        help="ps tasks (default 1; 0: the workers keep the variables and all-reduce "
         "their gradients with TensorFlow's collective ops)")
     local.add_argument(
         "--workers", type=int, default=2, metavar="N", help="worker tasks (default 2)"
