@@ -11,6 +11,7 @@ from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tow
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
+from towers.packing import pack_groups, packed
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
@@ -58,6 +59,8 @@ __all__ = [
     "build_eval_ops",
     "build_train_op",
     "least_loaded",
+    "pack_groups",
+    "packed",
     "resolve_variable_update",
     "shard_sizes",
     "split_batch",

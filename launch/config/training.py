@@ -72,6 +72,9 @@ class TowersConfig:
     precision: str = _field("float32", choice(*PRECISIONS))
     gradient_dtype: str = _field("float32", choice(*GRADIENT_DTYPES))
     xla: bool = _field(False, boolean)
+    # Jobs without ps tasks: the workers' dense gradients travel in buffers of at most
+    # this many bytes (towers.packed); 0 sends each tensor on its own.
+    pack_gradients_bytes: int = _field(0, number(int, ge=0))
     loss_scale: LossScaleConfig = section_field(LossScaleConfig)
 
     @staticmethod

@@ -79,3 +79,34 @@ def test_a_group_on_gpus_asks_for_nccl_and_on_cpus_for_the_ring():
     assert towers.CollectiveGroup(2, "/job:worker/task:1/cpu:0").communication == "ring"
     group = towers.CollectiveGroup(2, "/cpu:0")
     assert [group.instance_key() for _ in range(3)] == [1, 2, 3]
+
+
+def test_packing_groups_by_type_up_to_the_limit_and_lets_sparse_and_big_ones_alone():
+    values = [tf.zeros([10]), tf.zeros([20]), tf.zeros([5], tf.float16), None,
+              tf.IndexedSlices(tf.zeros([1, 2]), tf.constant([0]), tf.constant([3, 2])),
+              tf.zeros([100]), tf.zeros([3]), tf.zeros([4], tf.float16)]
+    # float32 bytes: 40, 80, 400, 12 -> [40 + 80], [400 alone], [12]; float16: [10 + 8]
+    assert towers.pack_groups(values, max_bytes=128) == [[0, 1], [2, 7], [5], [6]]
+
+
+def test_packed_collectives_give_what_unpacked_ones_give():
+    """Five gradients of three shapes and a sparse one, in buffers of at most 64 bytes."""
+    rng = np.random.default_rng(0)
+    shapes = [[3, 4], [4], [2, 2, 2], [1], [7]]
+    inputs = [[rng.normal(size=s).astype(np.float32) for s in shapes] for _ in range(2)]
+    results = {}
+    for limit in (0, 64):
+        with tf.Graph().as_default():
+            reduced = []
+            for group, mine in zip(two_workers(), inputs, strict=True):
+                grads = [tf.constant(x) for x in mine]
+                grads.insert(2, tf.IndexedSlices(tf.ones([1, 4]), tf.constant([2]),
+                                                 tf.constant([5, 4])))
+                with tf.device(group.device):
+                    reduced.append(
+                        towers.packed(towers.weighted_all_reduce(group, 0.5), limit)(grads))
+            assert all(isinstance(r[2], tf.IndexedSlices) for r in reduced)
+            results[limit] = run([[g for i, g in enumerate(r) if i != 2] for r in reduced])
+    for plain, packed_ in zip(results[0], results[64], strict=True):
+        for a, b in zip(plain, packed_, strict=True):
+            np.testing.assert_allclose(b, a, rtol=1e-6)

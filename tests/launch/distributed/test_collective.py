@@ -57,7 +57,8 @@ def test_two_then_three_workers_match_one_process_and_resume_across_modes(tmp_pa
     """2 workers of 1 tower for 3 steps, resumed from a checkpoint one process wrote, equal
     one process of 2 towers; then one process of 6 towers and 3 workers of 2 towers each,
     both resumed from the collective job's checkpoint, take a step on an uneven split
-    (22, 21, 21 examples; the workers as 2 micro-batches each) and agree again. Workers
+    (22, 21, 21 examples; the workers as 2 micro-batches each, gradients packed in
+    buffers of 1 KiB) and agree again. Workers
     1 and 2 never restore: unless the chief's variables reach them by the broadcast,
     the runs part ways."""
     start = tmp_path / "start"
@@ -83,7 +84,8 @@ def test_two_then_three_workers_match_one_process_and_resume_across_modes(tmp_pa
                "--set", "train.batch_size=64")
     collective_job(tmp_path, "three", collective, 3, "--set", "train.steps=5",
                    "--set", "towers.devices=2", "--set", "train.batch_size=64",
-                   "--set", "train.accumulate_steps=2")
+                   "--set", "train.accumulate_steps=2",
+                   "--set", "towers.pack_gradients_bytes=1024")
     assert_same_variables(single_again, collective, at_four)
 
 
