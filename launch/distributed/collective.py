@@ -91,9 +91,9 @@ def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.Collective
 def collective_session(base: V1.ConfigProto, task: Task, cfg: ClusterConfig) -> V1.ConfigProto:
     """The chief leads the collective group (it resolves which devices take part); the
     device filter keeps this worker's session to its own task; every operation is
-    bounded, so a lost peer becomes an error. The scoped-allocator rewrite merges
-    collective reductions that run side by side into one (MultiWorkerMirroredStrategy
-    turns it on too)."""
+    bounded, so a lost peer becomes an error. (TensorFlow's scoped-allocator rewrite,
+    which merges side-by-side reductions, is left off: towers.pack_gradients_bytes
+    merges them in the graph, where it can be seen and tested.)"""
     config = V1.ConfigProto()
     config.CopyFrom(base)
     chief = "chief" if "chief" in task.cluster else "worker"
