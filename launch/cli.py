@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     _job_command(commands, "devices", "list GPUs, CPU and the CUDA id mapping", EPILOG_DEVICES)
     for role, text in [
         ("ps", "serve variables for a ps/worker job until it ends"),
-        ("worker", "train as one worker of a ps/worker job"),
+        ("worker", "train as one worker of a ps/worker job (or of one without ps tasks)"),
         ("evaluator", "evaluate a ps/worker job's checkpoints as they appear"),
     ]:
         _cluster_args(_job_command(commands, role, text, EPILOG_ROLES))
