@@ -5,6 +5,8 @@ collective on GPU 0 with NCCL, the gradient bytes it exchanges, and how few
 collectives packing leaves (resnet20's 59 trainable variables).
 """
 
+import functools
+
 import pytest
 import tensorflow as tf
 from tower_helpers import momentum
@@ -18,7 +20,9 @@ COLLECTIVES = {"CollectiveReduce", "CollectiveGather", "CollectiveBcastSend",
                "CollectiveBcastRecv"}
 
 
+@functools.cache
 def build(pack_bytes: int, gradient_dtype: str = "float32") -> tf.Graph:
+    """Built once per argument list; tests only read it."""
     group = towers.CollectiveGroup(2, GPU0)
     reduce = towers.packed(towers.weighted_all_reduce(group, 0.5), pack_bytes)
     mode = towers.CrossProcess(reduce, param_device=GPU0, aggregation_device=GPU0)
@@ -53,7 +57,7 @@ def trainable_bytes(graph: tf.Graph) -> int:
 
 
 def test_every_collective_runs_on_the_workers_gpu_with_nccl():
-    graph = build(pack_bytes=0)
+    graph = build(0)
     ops = collectives(graph)
     assert ops
     for op in ops:
@@ -65,12 +69,12 @@ def test_every_collective_runs_on_the_workers_gpu_with_nccl():
 
 @pytest.mark.parametrize("gradient_dtype, share", [("float32", 1), ("float16", 2)])
 def test_a_step_exchanges_the_models_gradient_bytes_once(gradient_dtype, share):
-    graph = build(pack_bytes=0, gradient_dtype=gradient_dtype)
+    graph = build(0, gradient_dtype)
     assert gradient_bytes(graph) == trainable_bytes(graph) // share
 
 
 def test_packing_leaves_one_collective_for_resnet20s_many_variables():
-    unpacked, packed = build(pack_bytes=0), build(pack_bytes=4 * 2**20)
+    unpacked, packed = build(0), build(4 * 2**20)
     count = {g: sum(op.type == "CollectiveReduce" and "job_wide_outputs" not in op.name
                     for op in collectives(g)) for g in (unpacked, packed)}
     with unpacked.as_default():
