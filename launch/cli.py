@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     _job_command(commands, "devices", "list GPUs, CPU and the CUDA id mapping", EPILOG_DEVICES)
     for role, text in [
         ("ps", "serve variables for a ps/worker job until it ends"),
-        ("worker", "train as one worker of a ps/worker job"),
+        ("worker", "train as one worker of a ps/worker job (or of one without ps tasks)"),
         ("evaluator", "evaluate a ps/worker job's checkpoints as they appear"),
     ]:
         _cluster_args(_job_command(commands, role, text, EPILOG_ROLES))
@@ -148,7 +148,10 @@ def _local_cluster_parser(commands) -> None:
     local = _job_command(
         commands, "local-cluster", "run a whole ps/worker job on this host", EPILOG_LOCAL_CLUSTER
     )
-    local.add_argument("--ps", type=int, default=1, metavar="N", help="ps tasks (default 1)")
+    local.add_argument(
+        "--ps", type=int, default=1, metavar="N",
+        help="ps tasks (default 1; 0: the workers keep the variables and all-reduce "
+        "their gradients with TensorFlow's collective ops)")
     local.add_argument(
         "--workers", type=int, default=2, metavar="N", help="worker tasks (default 2)"
     )

@@ -115,10 +115,16 @@ past cluster.operation_timeout_secs, ends the task with 138 (retryable: restart
 it; training resumes from the last checkpoint). A worker whose step diverges
 stops every worker with 3.
 
+Without ps tasks (no --ps-hosts, no ps in the cluster) the workers each keep the
+variables and all-reduce their gradients with TensorFlow's collective ops,
+synchronously: a stop signal on any worker stops all after the same step, and a
+lost worker ends the others with 138 (restart every worker).
+
 examples:
   towers ps     -c job.yaml --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222 --task-index 0
   towers worker -c job.yaml --ps-hosts h0:2222 --worker-hosts h1:2222,h2:2222 --task-index 1
   TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 0}}' towers worker -c job.yaml
+  towers worker -c job.yaml --worker-hosts h1:2222,h2:2222 --task-index 0   # no ps: collective
 """
 
 EPILOG_LOCAL_CLUSTER = """Starts one process per task on 127.0.0.1 with free ports, prefixes each
@@ -131,6 +137,7 @@ and listed in a file_sd targets file for Prometheus.
 examples:
   towers local-cluster --ps 1 --workers 2
   towers local-cluster -c job.yaml --ps 2 --workers 2 --evaluator --set train.sync=true
+  towers local-cluster --ps 0 --workers 2   # no ps: gradients all-reduced by collective ops
 """
 
 EPILOG_BENCH = """Examples/sec of the job's model (or --model) at one global batch on 1 device

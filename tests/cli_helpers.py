@@ -145,14 +145,15 @@ class Process:
 class Cluster:
     """`ps` ps tasks and `workers` workers (0 is chief) on loopback ports, each a Process.
 
-    args: the job's settings; the checkpoint directory and the hosts are added.
+    args: the job's settings; the checkpoint directory (ckpt, or tmp_path/ckpt) and the
+    hosts are added.
     """
 
-    def __init__(self, tmp_path, args, workers=1, ps=1):
+    def __init__(self, tmp_path, args, workers=1, ps=1, ckpt=None):
         self.tmp_path = tmp_path
         ports = [f"127.0.0.1:{p}" for p in free_ports(ps + workers)]
         self.ps, self.workers = ports[:ps], ports[ps:]
-        self.ckpt = tmp_path / "ckpt"
+        self.ckpt = ckpt or tmp_path / "ckpt"
         self.args = [*args, "--set", f"train.checkpoint_dir={self.ckpt}",
                      "--ps-hosts", ",".join(self.ps), "--worker-hosts", ",".join(self.workers)]
         self.tasks: dict[str, Process] = {}

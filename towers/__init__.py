@@ -8,10 +8,12 @@ This module is the package's whole public surface; callers import nothing deeper
 
 from towers.batch_stats import BATCH_NORMS, CrossTowerSums
 from towers.batch_stats import moments as batch_moments
+from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tower_outputs
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
+from towers.packing import pack_groups, packed
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
@@ -37,6 +39,7 @@ __all__ = [
     "PRECISIONS",
     "REPLICA_COPIES",
     "VARIABLE_UPDATES",
+    "CollectiveGroup",
     "CrossProcess",
     "CrossTowerSums",
     "DeviceFn",
@@ -57,10 +60,14 @@ __all__ = [
     "as_tower_outputs",
     "batch_moments",
     "batch_shortfall",
+    "broadcast_variables",
     "build_eval_ops",
     "build_train_op",
     "least_loaded",
+    "pack_groups",
+    "packed",
     "resolve_variable_update",
     "shard_sizes",
     "split_batch",
+    "weighted_all_reduce",
 ]

@@ -13,6 +13,7 @@ Rows, each at the same global batch and model, on synthetic inputs:
   mirrored          tf.distribute.MirroredStrategy over the same N devices: a TF2 step in
                     `tf.function` calling the same model function and optimizer
   ps_worker         1 ps + N workers (one tower each) on 127.0.0.1, `train.sync: true`
+  collective        N workers (one tower each) and no ps on 127.0.0.1: collective all-reduce
   horovod           `horovodrun -np N --gloo`, N ranks of `towers train --backend horovod`
 
 Each row is measured in every variant (--precision, --accumulate, --xla,

@@ -68,10 +68,10 @@ def gradient_bytes(mode: str, devices: int, trainable_bytes: int,
     G = trainable_bytes (dense; a sparse embedding gradient counts as dense here),
     halved when gradients travel in 16 bits (gradient_dtype).
     parameter_server and ps_worker: N * G (each tower or worker sends its gradient
-    to where the variables live). replicated, mirrored and horovod: 2 (N - 1) * G,
-    the all-reduce's traffic: each variable is summed on one device and copied
-    back (replicated; MirroredStrategy's CPU all-reduce), or a ring all-reduce
-    (Horovod), both 2 (N - 1) / N * G per device. 1 device: 0.
+    to where the variables live). replicated, mirrored, collective and horovod:
+    2 (N - 1) * G, the all-reduce's traffic: each variable is summed on one device
+    and copied back (replicated; MirroredStrategy's CPU all-reduce), or a ring
+    all-reduce (collective ops, Horovod), both 2 (N - 1) / N * G per device. 1 device: 0.
     """
     if devices == 1 or mode == SINGLE:
         return 0

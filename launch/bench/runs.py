@@ -1,6 +1,7 @@
-"""Multi-process rows: whole `towers` runs (ps_worker, horovod), one per timed block.
+"""Multi-process rows: whole `towers` runs (ps_worker, collective, horovod), one per timed block.
 
-A run is `towers local-cluster` (1 ps + N workers on 127.0.0.1) or `horovodrun`
+A run is `towers local-cluster` (1 ps + N workers, or N workers without ps tasks, on
+127.0.0.1) or `horovodrun`
 with N ranks of `towers train`; its rate comes from the processes' JSON results
 and its peak RSS is the sum of the peaks of the processes holding the model.
 The processes that load TensorFlow are `towers` commands, which import it
@@ -74,6 +75,8 @@ def cluster_command(mode: str, devices: int, args: list[str]) -> list[str]:
     if mode == "ps_worker":
         return towers_command("local-cluster", "--ps", "1", "--workers", str(devices),
                               *args, "--set", "train.sync=true")
+    if mode == "collective":
+        return towers_command("local-cluster", "--ps", "0", "--workers", str(devices), *args)
     return ["horovodrun", "-np", str(devices), "-H", f"localhost:{devices}", "--gloo",
             *towers_command("train", *args), "--backend", "horovod"]
 
@@ -87,9 +90,10 @@ def cluster_rate(mode: str, stdout: str, stderr: str) -> float:
 
     ps_worker: the sum of every worker's last result (each trains its share of
     the global batch), relayed by local-cluster on stderr as `[workerI] {...}`.
+    collective: worker 0's; the workers step together, each reporting the whole job.
     horovod: rank 0's last result, which reports the whole job.
     """
-    if mode == "ps_worker":
+    if mode in ("ps_worker", "collective"):
         last: dict[str, float] = {}
         for line in stderr.splitlines():
             match = re.match(r"^\[(worker\d+)\] (\{.*\})\s*$", line)
@@ -97,7 +101,7 @@ def cluster_rate(mode: str, stdout: str, stderr: str) -> float:
                 last[match.group(1)] = json.loads(match.group(2))["examples_per_sec"]
         if not last:
             raise RuntimeError("no worker reported a result")
-        return sum(last.values())
+        return sum(last.values()) if mode == "ps_worker" else last["worker0"]
     results = []
     for line in stdout.splitlines():
         match = _HOROVOD_PREFIX.match(line)

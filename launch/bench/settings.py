@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from launch.config import JobConfig, ModelConfig
 from launch.errors import BadInput
 
-MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "horovod")
+MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "collective", "horovod")
 IN_PROCESS_MODES = ("parameter_server", "replicated", "mirrored")
 SINGLE = "1 device"
 RUN_TIMEOUT_SECS = 900  # one whole multi-process run; bounded so a hung peer cannot stall us

@@ -76,6 +76,10 @@ class TowersConfig:
     precision: str = _field("float32", choice(*PRECISIONS))
     gradient_dtype: str = _field("float32", choice(*GRADIENT_DTYPES))
     xla: bool = _field(False, boolean)
+    # Jobs without ps tasks: the workers' dense gradients travel in buffers of at most
+    # this many bytes (towers.packed); 0 sends each tensor on its own. 4 MiB: resnet20's
+    # 2-worker job ran 2.1x faster packed (BENCHMARKS.md).
+    pack_gradients_bytes: int = _field(4 * 2**20, number(int, ge=0))
     loss_scale: LossScaleConfig = section_field(LossScaleConfig)
     batch_norm: str = _field("local", choice(*BATCH_NORMS))
 

@@ -53,15 +53,16 @@ def free_ports(count: int) -> list[int]:
 def plan_tasks(
     config: str | None, overrides: Sequence[str], num_ps: int, num_workers: int, evaluator: bool
 ) -> list[_Task]:
-    if num_ps < 1 or num_workers < 1:
-        raise ClusterError("local-cluster: --ps and --workers must each be at least 1")
+    if num_ps < 0 or num_workers < 1:
+        raise ClusterError("local-cluster: --workers must be at least 1 and --ps at least 0 "
+                           "(0: the workers all-reduce their gradients with collective ops)")
     num_tasks = num_ps + num_workers + int(evaluator)
     ports = free_ports(num_ps + num_workers + num_tasks)
     ports, metrics_ports = ports[: num_ps + num_workers], ports[num_ps + num_workers :]
     ps_hosts = ",".join(f"127.0.0.1:{p}" for p in ports[:num_ps])
     worker_hosts = ",".join(f"127.0.0.1:{p}" for p in ports[num_ps:])
     job = (["-c", config] if config else []) + [a for o in overrides for a in ("--set", o)]
-    cluster = ["--ps-hosts", ps_hosts, "--worker-hosts", worker_hosts]
+    cluster = ["--worker-hosts", worker_hosts] + (["--ps-hosts", ps_hosts] if num_ps else [])
     tasks = [_Task(f"ps{i}", ["ps", *job, *cluster, "--task-index", str(i)]) for i in range(num_ps)]
     tasks += [
         _Task(f"worker{i}", ["worker", *job, *cluster, "--task-index", str(i)])

@@ -25,7 +25,7 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed import hard_exit, liveness, sync_replicas
+from launch.distributed import collective, hard_exit, liveness, sync_replicas
 from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
 from launch.distributed.server import start_server
 from launch.distributed.step_deadline import stuck_step
@@ -90,6 +90,8 @@ def _worker_session(base: V1.ConfigProto, task: Task, cfg) -> V1.ConfigProto:
 
 def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Train as this worker; metrics (if on) start first, so a bad port fails fast."""
+    if not task.cluster.get("ps"):  # no ps tasks: the workers all-reduce their gradients
+        return collective.run_collective_worker(job, task, identity(job, task), write)
     with metrics.serve(job.metrics, identity(job, task), write) as exporter:
         plan = worker_plan(job, task)
         server = start_server(task, plan.session, write)

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 import towers
-from launch.runtime.hooks import DataEndHook
+from launch.runtime.hooks import DataEndHook, StopOnSignalHook
+from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
@@ -40,6 +41,17 @@ class Role:
         """Extra hooks for this role's session, given the built training ops and the hook
         that knows whether the input ran out (it runs before these)."""
         return []
+
+    def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
+        """Hooks placed before every other one: their after_create_session runs first
+        (a collective worker takes the chief's variables there, before any hook reads
+        the global step)."""
+        return []
+
+    def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
+        """How a stop signal ends this process's training: after the current step (a
+        collective job's workers agree on the step first)."""
+        return StopOnSignalHook(stop, self.unblock_op())
 
     def before_session(self, config: V1.ConfigProto) -> None:
         """Runs once the graph is built, before the training session starts (a ps/worker

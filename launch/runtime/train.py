@@ -22,7 +22,6 @@ from launch.runtime.hooks import (
     ProgressHook,
     SkipNonFiniteHook,
     StopAtStepHook,
-    StopOnSignalHook,
     nonfinite_stops,
 )
 from launch.runtime.optim import batch_scale, learning_rate, make_optimizer
@@ -268,10 +267,11 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
     )
     stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
     hooks = [
+        *role.start_hooks(ops),
         *served.hooks,  # first, so its step timer starts right before the session run
         stop_at,
         progress,
-        StopOnSignalHook(stop, role.unblock_op()),
+        role.stop_hook(stop),
         data_end,
         *role.hooks(ops, data_end),
     ]

@@ -56,6 +56,7 @@ towers:
   precision: float32
   gradient_dtype: float32
   xla: false
+  pack_gradients_bytes: 4194304
   loss_scale: {initial: 32768.0, growth_steps: 2000}
   batch_norm: local
 optimizer:
