@@ -43,6 +43,9 @@ _NO_BACKUPS = ("train.backup_workers: a collective job (no ps tasks) steps every
 _NO_EPOCHS = ("data.epochs: the workers of a collective job (no ps tasks) step together "
               "and their shards of the data may end at different steps; bound the job with "
               "train.steps, or add ps tasks")
+_NO_SYNC_BATCH_NORM = ("towers.batch_norm: sync is not available in a collective job (no ps "
+                       "tasks): each worker would normalize by its own share; use local, "
+                       "or --backend horovod")
 _SHARING = ("towers.variable_update: the towers inside each worker of a collective job (no "
             "ps tasks) share as parameter_server does; use parameter_server, not {}")
 
@@ -53,6 +56,8 @@ def check_job(job: JobConfig) -> None:
         raise ClusterError(_SHARING.format(job.towers.variable_update))
     if job.train.backup_workers:
         raise ClusterError(_NO_BACKUPS)
+    if job.towers.batch_norm == "sync":
+        raise ClusterError(_NO_SYNC_BATCH_NORM)
     if job.data.epochs:
         raise ClusterError(_NO_EPOCHS)
 

@@ -51,6 +51,7 @@ def test_a_tfjob_without_ps_is_a_collective_job():
     ("train.backup_workers=1", "train.backup_workers"),
     ("data.epochs=1", "data.epochs"),
     ("towers.variable_update=replicated", "towers.variable_update"),
+    ("towers.batch_norm=sync", "towers.batch_norm"),
 ])
 def test_what_a_collective_job_cannot_do_is_one_line_and_exit_2(setting, key):
     result = run_in_process("worker", "--set", "model.name=mlp", "--set", "data.source=synthetic",
