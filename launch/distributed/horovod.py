@@ -177,7 +177,9 @@ class HorovodRole(Role):
         super().__init__(writes=rank.rank == 0)
         self._hvd, self._rank = hvd, rank
 
-    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
+    def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
+        # First, so every rank holds rank 0's global step before any hook reads it: a
+        # finished job run again then takes no step on any rank.
         return [BroadcastHook(self._hvd, ops.sync_op)]
 
     def finish(self, result: dict) -> dict:

@@ -109,6 +109,19 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     assert "[1]<stderr>:towers:" not in result.stderr
     assert "[0]<stderr>:towers: saved checkpoint at step 4" in result.stderr
 
+    # Run again, finished: every rank starts at step 4 (rank 0's, broadcast before any
+    # rank reads it) and takes no step; no checkpoint is written (a TensorBoard events
+    # file is, as by any run).
+    files = sorted(f for f in os.listdir(ranks) if "tfevents" not in f)
+    again = horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={ranks}",
+                       "--set", "train.steps=4", "--set", "train.accumulate_steps=2",
+                       "--set", "towers.devices=2", "--backend", "horovod")
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = rank_results(again.stdout)
+    assert [(rerun[r]["global_step"], rerun[r]["steps_run"]) for r in (0, 1)] == [(4, 0)] * 2
+    assert "no step to take" in again.stderr
+    assert sorted(f for f in os.listdir(ranks) if "tfevents" not in f) == files
+
 
 @pytest.mark.e2e
 @needs_horovod
