@@ -10,6 +10,8 @@ from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tow
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
+from towers.phases import PHASES as STEP_PHASES
+from towers.phases import step_phase
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
@@ -33,6 +35,7 @@ __all__ = [
     "NONFINITE_POLICIES",
     "PRECISIONS",
     "REPLICA_COPIES",
+    "STEP_PHASES",
     "VARIABLE_UPDATES",
     "CrossProcess",
     "DeviceFn",
@@ -58,4 +61,5 @@ __all__ = [
     "resolve_variable_update",
     "shard_sizes",
     "split_batch",
+    "step_phase",
 ]

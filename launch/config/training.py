@@ -185,6 +185,8 @@ class TrainConfig:
     # only after more than max_nonfinite_steps such steps in a row.
     on_nonfinite: str = _field("stop", choice("stop", "skip"))
     max_nonfinite_steps: int = _field(10, positive_int)
+    # The least time between two steps traced for the step-phase shares (0: every step).
+    phase_sample_secs: float = _field(1.0, number(float, ge=0))
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:

@@ -36,6 +36,7 @@ from launch.runtime.plan import (
 )
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
 
 V1 = tf.compat.v1
 
@@ -134,6 +135,7 @@ class _Loop:
     progress: ProgressHook
     stop_at: StopAtStepHook
     data_end: DataEndHook
+    phases: StepPhases
     loss_scale: LossScaleHook | None = None
 
 
@@ -188,6 +190,7 @@ def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
         with data.input_errors(data_where(job)):
             _run_session(plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
+    _report_phases(loop.phases, result, write)
     if result.get("stopped_by") == "end of data":
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} of {job.train.steps}; training ends there")
@@ -246,6 +249,10 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
     served = metrics.training_hooks(
         exporter, ops, rate, len(plan.devices), plan.examples_per_step, plan.job.session
     )
+    phases = StepPhases(served.on_phases)
+    # With peers, an instant with no op running here is a wait for them.
+    several = bool(role.master) or plan.reduce_gradients is not None
+    timer = StepPhaseHook(phases, cfg.phase_sample_secs, "exchange" if several else "compute")
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
@@ -255,10 +262,12 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         cfg.checkpoint_dir if role.writes else None,
         write,
         on_step=served.on_step,  # hands its fetched values to the metrics
+        phases=lambda: shares_text(phases.take_window()),
     )
     stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
     hooks = [
         *served.hooks,  # first, so its step timer starts right before the session run
+        timer,  # before progress, so the step it reports is in the phases
         stop_at,
         progress,
         StopOnSignalHook(stop, role.unblock_op()),
@@ -277,7 +286,7 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
-    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, loss_scale)
+    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, phases, loss_scale)
 
 
 def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopSignals) -> None:
@@ -330,6 +339,19 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     elif loop.data_end.ran_out:
         result["stopped_by"] = "end of data"
     return role.finish(result)
+
+
+def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None]) -> None:
+    """Where this process's step time went, in the result and in two lines: the shares
+    and the advice they call for."""
+    shares = phases.shares()
+    if not shares:  # no step was sampled (none run, or a single one)
+        return
+    result["step_phases"] = {phase: round(share, 4) for phase, share in shares.items()}
+    result["bottleneck"] = bottleneck(shares)
+    write(f"where the step time went: {shares_text(shares)} of "
+          f"{sum(phases.total.values()):.1f} s in steps")
+    write(f"advice: {advice(shares)}")
 
 
 def _announce_resume(checkpoint: str | None, write: Callable[[str], None]) -> None:

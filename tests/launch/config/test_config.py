@@ -94,6 +94,7 @@ train:
   backup_workers: 0
   on_nonfinite: stop
   max_nonfinite_steps: 10
+  phase_sample_secs: 1.0
 eval:
   steps: null
   batch_size: 256

@@ -1,0 +1,178 @@
+"""Where each step's time goes: input wait, compute, gradient exchange and apply.
+
+Every step's session run is timed; a sampled step (at most one every
+`train.phase_sample_secs`) also asks TensorFlow for its step statistics (a software
+trace: each op's start and end on every device, remote ones included), and the
+op timings split that step's wall time into phases (`towers.step_phase` names each
+op's). Each step's run time is divided in the shares of the latest sample, so the
+totals cover every step while only the samples pay for the trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import tensorflow as tf
+
+import towers
+
+V1 = tf.compat.v1
+
+PHASES = towers.STEP_PHASES
+# Where two phases run at once, the step is charged to the first: waiting on input or
+# peers only slows a step while no tower computes.
+_PRIORITY = ("compute", "exchange", "apply", "input")
+# A waiting phase at least this share of the step is the bottleneck, ahead of compute.
+WAIT_BOUND = 0.25
+
+
+def split_step(step_stats, gaps_to: str = "compute") -> dict[str, float]:
+    """Shares (summing to 1) of one traced step's wall time per phase.
+
+    step_stats: a RunMetadata's step_stats. The step's span runs from its first op's
+    start to its last op's end, on any device; an instant with ops of several phases
+    running counts for the first of compute, exchange, apply, input, and an instant
+    with none (the executor between ops, a worker waiting for a remote peer) for
+    `gaps_to`. Empty stats give {}.
+    """
+    events: list[tuple[int, int, str]] = []
+    for device in step_stats.dev_stats:
+        for node in device.node_stats:
+            phase = towers.step_phase(node.node_name, _op_type(node.timeline_label))
+            start = node.all_start_micros
+            events.append((start, 1, phase))
+            events.append((start + max(node.all_end_rel_micros, 0), -1, phase))
+    if not events:
+        return {}
+    events.sort(key=lambda e: (e[0], -e[1]))
+    active = dict.fromkeys(PHASES, 0)
+    charged = dict.fromkeys(PHASES, 0.0)
+    last = events[0][0]
+    for when, change, phase in events:
+        if when > last:
+            running = next((p for p in _PRIORITY if active[p]), gaps_to)
+            charged[running] += when - last
+            last = when
+        active[phase] += change
+    total = sum(charged.values())
+    if total <= 0:
+        return {}
+    return {phase: charged[phase] / total for phase in PHASES}
+
+
+def _op_type(timeline_label: str) -> str:
+    """'name = Conv2D(a, b)' -> 'Conv2D'."""
+    _, _, call = timeline_label.partition(" = ")
+    return call.partition("(")[0]
+
+
+class StepPhases:
+    """Seconds per phase over this process's steps, from run times and sampled shares.
+
+    Steps run before the first sample are charged in its shares when it arrives.
+    on_seconds: called with the seconds of each step per phase (the metrics).
+    """
+
+    def __init__(self, on_seconds: Callable[[Mapping[str, float]], None] | None = None):
+        self._on_seconds = on_seconds
+        self._shares: dict[str, float] | None = None
+        self._pending = 0.0
+        self.total = dict.fromkeys(PHASES, 0.0)
+        self._window = dict.fromkeys(PHASES, 0.0)
+
+    def add(self, run_seconds: float, shares: Mapping[str, float] | None = None) -> None:
+        """One step's run time; shares when this step was sampled."""
+        if shares:
+            self._shares = dict(shares)
+        if self._shares is None:
+            self._pending += run_seconds
+            return
+        seconds = {p: (run_seconds + self._pending) * self._shares[p] for p in PHASES}
+        self._pending = 0.0
+        for phase, value in seconds.items():
+            self.total[phase] += value
+            self._window[phase] += value
+        if self._on_seconds is not None:
+            self._on_seconds(seconds)
+
+    def take_window(self) -> dict[str, float]:
+        """Shares since the last call (for the progress line); {} before any sample."""
+        window, self._window = self._window, dict.fromkeys(PHASES, 0.0)
+        return _shares(window)
+
+    def shares(self) -> dict[str, float]:
+        """Shares over every step so far; {} before any sample."""
+        return _shares(self.total)
+
+
+def _shares(seconds: Mapping[str, float]) -> dict[str, float]:
+    total = sum(seconds.values())
+    return {p: seconds[p] / total for p in PHASES} if total > 0 else {}
+
+
+def shares_text(shares: Mapping[str, float]) -> str:
+    """'input 31% compute 52% exchange 14% apply 3%' ('' when nothing was measured)."""
+    return " ".join(f"{p} {round(100 * shares[p])}%" for p in PHASES) if shares else ""
+
+
+class StepPhaseHook(V1.train.SessionRunHook):
+    """Times every session run and traces one every `every_secs` (never the first, which
+    builds and warms up) to keep the phase shares current.
+
+    gaps_to: the phase an instant with no op running counts for: `exchange` in a job
+    of several processes (waiting for peers), else `compute`.
+    """
+
+    def __init__(self, phases: StepPhases, every_secs: float, gaps_to: str = "compute"):
+        self._phases = phases
+        self._every = every_secs
+        self._gaps_to = gaps_to
+        self._next_sample = 0.0
+        self._runs = 0
+        self._sampling = False
+        self._started = 0.0
+
+    def before_run(self, run_context):
+        self._started = time.perf_counter()
+        self._runs += 1
+        self._sampling = self._runs > 1 and self._started >= self._next_sample
+        if not self._sampling:
+            return None
+        self._next_sample = self._started + self._every
+        options = V1.RunOptions(trace_level=V1.RunOptions.SOFTWARE_TRACE)
+        return V1.train.SessionRunArgs(None, options=options)
+
+    def after_run(self, run_context, run_values) -> None:
+        seconds = time.perf_counter() - self._started
+        shares = None
+        if self._sampling and run_values.run_metadata is not None:
+            shares = split_step(run_values.run_metadata.step_stats, self._gaps_to)
+        self._phases.add(seconds, shares)
+
+
+def advice(shares: Mapping[str, float]) -> str:
+    """One line naming the bottleneck the shares show and the settings that address it."""
+    phase = bottleneck(shares)
+    share = f"{round(100 * shares[phase])}% of the step"
+    return {
+        "input": f"input-bound ({share} waits for the next batch): raise "
+                 "data.num_parallel_calls, data.prefetch or data.threads (or leave them "
+                 "auto), or convert the data to uint8 TFRecords (towers data convert)",
+        "exchange": f"exchange-bound ({share} moves gradients and variables): try the "
+                    "other towers.variable_update, towers.gradient_dtype: bfloat16, or "
+                    "fewer towers or workers",
+        "apply": f"apply-bound ({share} applies the update): spread the variables "
+                 "(towers.param_device: least_loaded, or more ps tasks) or use a "
+                 "cheaper optimizer",
+        "compute": f"compute-bound ({share} is the towers' forward and backward): "
+                   "towers.precision: mixed_bfloat16 (GPUs, CPUs with avx512_bf16 or AMX) "
+                   "or towers.xla: true may make it faster",
+    }[phase]
+
+
+def bottleneck(shares: Mapping[str, float]) -> str:
+    """The largest waiting phase (input, exchange, apply) at WAIT_BOUND of the step or
+    more, else compute: the towers' own work is the floor, waiting is what can go."""
+    waits = [p for p in ("input", "exchange", "apply") if shares[p] >= WAIT_BOUND]
+    return max(waits, key=lambda p: shares[p]) if waits else "compute"
