@@ -187,6 +187,14 @@ class TrainConfig:
     max_nonfinite_steps: int = _field(10, positive_int)
     # The least time between two steps traced for the step-phase shares (0: every step).
     phase_sample_secs: float = _field(1.0, number(float, ge=0))
+    # No step finished for this long: say what the step waits for; for abort_secs:
+    # end the process (exit status 138, retryable).
+    stall_warning_secs: float = _field(60.0, number(float, gt=0))
+    stall_abort_secs: float | None = _field(None, optional(number(float, gt=0)))
+    # ps/worker: a worker whose own time per step is straggler_ratio times the others'
+    # median for straggler_steps steps is named by the chief.
+    straggler_ratio: float = _field(1.5, number(float, gt=1))
+    straggler_steps: int = _field(50, positive_int)
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -176,8 +177,14 @@ class HorovodRole(Role):
         super().__init__(writes=rank.rank == 0)
         self._hvd, self._rank = hvd, rank
 
-    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end,
+              phases=None) -> list[V1.train.SessionRunHook]:
         return [BroadcastHook(self._hvd, ops.sync_op)]
+
+    def stall_cause(self) -> str:
+        return ("a collective waits for ranks that have not joined it: Horovod's stall "
+                "check names them on rank 0 (\"missing ranks\"), after "
+                "train.stall_warning_secs too")
 
     def finish(self, result: dict) -> dict:
         return {**result, "rank": self._rank.rank, "size": self._rank.size}
@@ -186,6 +193,7 @@ class HorovodRole(Role):
 def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
     """Run this process's rank of a Horovod job; return its final record with rank and size."""
     hvd = load()
+    _check_stalls_after(job.train.stall_warning_secs)
     hvd.init()
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank())
     if rank.rank != 0:
@@ -198,6 +206,12 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
               f"{plan.batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank)
         return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
+
+
+def _check_stalls_after(seconds: float) -> None:
+    """Horovod's own stall check (rank 0 names the ranks a collective still waits for)
+    runs after train.stall_warning_secs, unless the environment already sets it."""
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, round(seconds))))
 
 
 def _silent(message: str) -> None:

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import towers
 from launch.runtime.hooks import DataEndHook
+from launch.runtime.step_phases import StepPhases
 
 V1 = tf.compat.v1
 
@@ -35,11 +36,18 @@ class Role:
         """The optimizer this role applies gradients with (e.g. SyncReplicasOptimizer)."""
         return optimizer
 
-    def hooks(self, ops: towers.TrainOps, data_end: DataEndHook
-              ) -> list[V1.train.SessionRunHook]:
-        """Extra hooks for this role's session, given the built training ops and the hook
-        that knows whether the input ran out (it runs before these)."""
+    def hooks(self, ops: towers.TrainOps, data_end: DataEndHook,
+              phases: StepPhases | None = None) -> list[V1.train.SessionRunHook]:
+        """Extra hooks for this role's session, given the built training ops, the hook
+        that knows whether the input ran out (it runs before these) and the step phases
+        (to listen to)."""
         return []
+
+    def stall_cause(self) -> str:
+        """What a step that has not finished for train.stall_warning_secs waits for,
+        asked from another thread while it waits."""
+        return ("this process's step is still running; with no peers to wait for, it "
+                "waits for its input (a source that gives no data) or its devices")
 
     def before_session(self, config: V1.ConfigProto) -> None:
         """Runs once the graph is built, before the training session starts (a ps/worker

@@ -39,7 +39,9 @@ def split_step(step_stats, gaps_to: str = "compute") -> dict[str, float]:
     events: list[tuple[int, int, str]] = []
     for device in step_stats.dev_stats:
         for node in device.node_stats:
-            phase = towers.step_phase(node.node_name, _op_type(node.timeline_label))
+            # A transfer between tasks is recorded as a node named after its RPC.
+            op_type = _op_type(node.timeline_label) or node.node_name
+            phase = towers.step_phase(node.node_name, op_type)
             start = node.all_start_micros
             events.append((start, 1, phase))
             events.append((start + max(node.all_end_rel_micros, 0), -1, phase))
@@ -62,7 +64,8 @@ def split_step(step_stats, gaps_to: str = "compute") -> dict[str, float]:
 
 
 def _op_type(timeline_label: str) -> str:
-    """'name = Conv2D(a, b)' -> 'Conv2D'."""
+    """'name = Conv2D(a, b)' -> 'Conv2D'; a label that is no op ('RecvTensor', a
+    transfer a remote master records) -> ''."""
     _, _, call = timeline_label.partition(" = ")
     return call.partition("(")[0]
 
@@ -71,11 +74,12 @@ class StepPhases:
     """Seconds per phase over this process's steps, from run times and sampled shares.
 
     Steps run before the first sample are charged in its shares when it arrives.
-    on_seconds: called with the seconds of each step per phase (the metrics).
+    on_seconds: called with the seconds of each step per phase (the metrics); `listen`
+    adds more.
     """
 
     def __init__(self, on_seconds: Callable[[Mapping[str, float]], None] | None = None):
-        self._on_seconds = on_seconds
+        self._listeners = [on_seconds] if on_seconds is not None else []
         self._shares: dict[str, float] | None = None
         self._pending = 0.0
         self.total = dict.fromkeys(PHASES, 0.0)
@@ -93,8 +97,12 @@ class StepPhases:
         for phase, value in seconds.items():
             self.total[phase] += value
             self._window[phase] += value
-        if self._on_seconds is not None:
-            self._on_seconds(seconds)
+        for listener in self._listeners:
+            listener(seconds)
+
+    def listen(self, on_seconds: Callable[[Mapping[str, float]], None]) -> None:
+        """Also call on_seconds with each step's seconds per phase."""
+        self._listeners.append(on_seconds)
 
     def take_window(self) -> dict[str, float]:
         """Shares since the last call (for the progress line); {} before any sample."""
@@ -122,9 +130,14 @@ class StepPhaseHook(V1.train.SessionRunHook):
 
     gaps_to: the phase an instant with no op running counts for: `exchange` in a job
     of several processes (waiting for peers), else `compute`.
+    remote: the session is a server's (ps/worker), whose master collects step
+    statistics only for a full trace; an in-process session gives them for a software
+    trace, which costs less.
     """
 
-    def __init__(self, phases: StepPhases, every_secs: float, gaps_to: str = "compute"):
+    def __init__(self, phases: StepPhases, every_secs: float, gaps_to: str = "compute",
+                 remote: bool = False):
+        self._trace = V1.RunOptions.FULL_TRACE if remote else V1.RunOptions.SOFTWARE_TRACE
         self._phases = phases
         self._every = every_secs
         self._gaps_to = gaps_to
@@ -140,7 +153,7 @@ class StepPhaseHook(V1.train.SessionRunHook):
         if not self._sampling:
             return None
         self._next_sample = self._started + self._every
-        options = V1.RunOptions(trace_level=V1.RunOptions.SOFTWARE_TRACE)
+        options = V1.RunOptions(trace_level=self._trace)
         return V1.train.SessionRunArgs(None, options=options)
 
     def after_run(self, run_context, run_values) -> None:

@@ -12,6 +12,7 @@ import towers
 from launch import data, metrics
 from launch.config import JobConfig
 from launch.devices import emulation_note
+from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.hooks import (
@@ -36,6 +37,7 @@ from launch.runtime.plan import (
 )
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
+from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
 
 V1 = tf.compat.v1
@@ -252,7 +254,8 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
     phases = StepPhases(served.on_phases)
     # With peers, an instant with no op running here is a wait for them.
     several = bool(role.master) or plan.reduce_gradients is not None
-    timer = StepPhaseHook(phases, cfg.phase_sample_secs, "exchange" if several else "compute")
+    timer = StepPhaseHook(phases, cfg.phase_sample_secs, "exchange" if several else "compute",
+                          remote=bool(role.master))
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
@@ -272,7 +275,9 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         progress,
         StopOnSignalHook(stop, role.unblock_op()),
         data_end,
-        *role.hooks(ops, data_end),
+        *role.hooks(ops, data_end, phases),
+        StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
+                   exit_now),
     ]
     loss_scale = None
     if ops.loss_scale is not None:

@@ -95,6 +95,10 @@ train:
   on_nonfinite: stop
   max_nonfinite_steps: 10
   phase_sample_secs: 1.0
+  stall_warning_secs: 60.0
+  stall_abort_secs: null
+  straggler_ratio: 1.5
+  straggler_steps: 50
 eval:
   steps: null
   batch_size: 256

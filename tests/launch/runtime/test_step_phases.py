@@ -126,3 +126,9 @@ def test_a_job_shows_its_phases_in_progress_lines_result_and_metrics(tmp_path):
     # (timed by another hook a few microseconds apart, so not to the digit).
     assert sum(exported.values()) == pytest.approx(step_sum, rel=0.1)
     assert re.search(r'towers_step_phase_seconds_total\{[^}]*job="train"', text)
+
+
+def test_transfers_a_remote_master_records_are_exchange():
+    step = stats(("ps:0", "RecvTensor", "", 0, 40), ("w:0", "tower_0/m/MatMul", "MatMul", 40, 100))
+    step.dev_stats[0].node_stats[0].timeline_label = "RecvTensor"  # no ' = op(...)'
+    assert split_step(step)["exchange"] == pytest.approx(0.4)
