@@ -24,7 +24,7 @@ LAUNCH_LAYERS = [
     ("launch.runtime",),
     ("launch.distributed",),
     ("launch.bench",),
-    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.__main__"),
+    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
 ]
 # The project's own layers: launch builds on models and towers, models on towers.
 PACKAGE_LAYERS = {"towers": 0, "models": 1, "launch": 2}

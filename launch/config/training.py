@@ -195,9 +195,16 @@ class TrainConfig:
     # median for straggler_steps steps is named by the chief.
     straggler_ratio: float = _field(1.5, number(float, gt=1))
     straggler_steps: int = _field(50, positive_int)
+    # A Chrome trace-event file of this process's session runs timeline_steps[0]..[1].
+    timeline: str | None = _field(None, optional(string))
+    timeline_steps: tuple[int, ...] = _field((5, 15), tuple_of(positive_int))
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
+        first_last = values["timeline_steps"]
+        if len(first_last) != 2 or first_last[0] > first_last[1]:
+            raise Invalid(f"must be [first, last] with first <= last, got {list(first_last)}",
+                          "timeline_steps")
         if values["on_nonfinite"] == "skip" and values["sync"]:
             raise Invalid(
                 "skip is not available with train.sync (every worker's gradient is awaited); "

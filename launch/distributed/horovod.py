@@ -174,7 +174,7 @@ class HorovodRole(Role):
     rank receives rank 0's variables once the session starts."""
 
     def __init__(self, hvd: ModuleType, rank: Rank):
-        super().__init__(writes=rank.rank == 0)
+        super().__init__(writes=rank.rank == 0, label=f"rank{rank.rank}")
         self._hvd, self._rank = hvd, rank
 
     def hooks(self, ops: towers.TrainOps, data_end,

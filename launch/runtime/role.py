@@ -24,6 +24,8 @@ class Role:
     writes: writes checkpoints, summaries and the placement trace (a chief that
         is not a Horovod rank other than 0).
     stop_grace_secs: how long closing the session waits for its threads.
+    label: this process in a job of several ('worker1', 'rank1'; '' alone), for the
+        files each process writes (train.timeline).
     """
 
     master: str = ""
@@ -31,6 +33,7 @@ class Role:
     writes: bool = True
     max_wait_secs: float = 7200.0
     stop_grace_secs: float = 120.0
+    label: str = ""
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
         """The optimizer this role applies gradients with (e.g. SyncReplicasOptimizer)."""

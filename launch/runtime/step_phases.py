@@ -36,31 +36,61 @@ def split_step(step_stats, gaps_to: str = "compute") -> dict[str, float]:
     with none (the executor between ops, a worker waiting for a remote peer) for
     `gaps_to`. Empty stats give {}.
     """
-    events: list[tuple[int, int, str]] = []
-    for device in step_stats.dev_stats:
-        for node in device.node_stats:
-            # A transfer between tasks is recorded as a node named after its RPC.
-            op_type = _op_type(node.timeline_label) or node.node_name
-            phase = towers.step_phase(node.node_name, op_type)
-            start = node.all_start_micros
-            events.append((start, 1, phase))
-            events.append((start + max(node.all_end_rel_micros, 0), -1, phase))
-    if not events:
-        return {}
-    events.sort(key=lambda e: (e[0], -e[1]))
-    active = dict.fromkeys(PHASES, 0)
     charged = dict.fromkeys(PHASES, 0.0)
-    last = events[0][0]
-    for when, change, phase in events:
-        if when > last:
-            running = next((p for p in _PRIORITY if active[p]), gaps_to)
-            charged[running] += when - last
-            last = when
-        active[phase] += change
+    for start, end, phase in phase_segments(op_intervals(step_stats), gaps_to):
+        charged[phase] += end - start
     total = sum(charged.values())
     if total <= 0:
         return {}
     return {phase: charged[phase] / total for phase in PHASES}
+
+
+def op_intervals(step_stats) -> list[tuple[int, int, str, str, str]]:
+    """(start, end, phase, device, op name) of every op of a traced step, in
+    microseconds since the epoch (every device's, remote ones too)."""
+    out = []
+    for device in step_stats.dev_stats:
+        for node in device.node_stats:
+            # A transfer between tasks is recorded as a node named after its RPC.
+            op_type = _op_type(node.timeline_label) or node.node_name
+            start = node.all_start_micros
+            out.append((start, start + max(node.all_end_rel_micros, 0),
+                        towers.step_phase(node.node_name, op_type), device.device,
+                        node.node_name))
+    return out
+
+
+def phase_segments(ops: list[tuple], gaps_to: str, start: int | None = None,
+                   end: int | None = None) -> list[tuple[int, int, str]]:
+    """The step as consecutive (start, end, phase) segments, from op_intervals' ops.
+
+    Covers the ops' span, or [start, end] when given (a run's own start and end: the
+    time before its first op and after its last counts for gaps_to).
+    """
+    events = [(op[0], 1, op[2]) for op in ops] + [(op[1], -1, op[2]) for op in ops]
+    if start is not None:
+        events.append((start, 0, gaps_to))
+    if end is not None:
+        events.append((end, 0, gaps_to))
+    if not events:
+        return []
+    events.sort(key=lambda e: (e[0], -e[1]))
+    low = events[0][0] if start is None else start
+    high = events[-1][0] if end is None else end
+    active = dict.fromkeys(PHASES, 0)
+    segments: list[tuple[int, int, str]] = []
+    last = low
+    for when, change, phase in events:
+        when = min(max(when, low), high)
+        if when > last:
+            running = next((p for p in _PRIORITY if active[p]), gaps_to)
+            if segments and segments[-1][2] == running and segments[-1][1] == last:
+                segments[-1] = (segments[-1][0], when, running)
+            else:
+                segments.append((last, when, running))
+            last = when
+        active[phase] += change
+    return segments
 
 
 def _op_type(timeline_label: str) -> str:

@@ -39,6 +39,7 @@ from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
+from launch.runtime.timeline import TimelineHook, timeline_path
 
 V1 = tf.compat.v1
 
@@ -284,6 +285,10 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         loss_scale = LossScaleHook(ops.overflow, ops.loss_scale, ops.global_step, write,
                                    served.on_overflow)
         hooks.append(loss_scale)
+    if cfg.timeline:
+        hooks.append(TimelineHook(timeline_path(cfg.timeline, role.label), cfg.timeline_steps,
+                                  role.label, "exchange" if several else "compute",
+                                  bool(role.master), write))
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))

@@ -99,6 +99,8 @@ train:
   stall_abort_secs: null
   straggler_ratio: 1.5
   straggler_steps: 50
+  timeline: null
+  timeline_steps: [5, 15]
 eval:
   steps: null
   batch_size: 256

@@ -5,6 +5,7 @@ than train.stall_warning_secs, and the chief names it as what its step waits for
 the warning time and a few seconds; continued (SIGCONT), the job finishes and every task
 exits 0, each saying where its step time went."""
 
+import json
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import urllib.request
 
 import pytest
 import tensorflow as tf
-from cli_helpers import Cluster, last_json
+from cli_helpers import Cluster, last_json, run_in_process
 from data_helpers import class_images, image_feature_map, write_examples
 
 WARNING_SECS = 3
@@ -44,7 +45,8 @@ JOB = ["--set", "model.name=convnet", "--set", "model.channels=3",
 def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
     small = jpeg_records(tmp_path / "small.tfrecord", 16, 16)
     large = jpeg_records(tmp_path / "large.tfrecord", 16, 768)  # 2,304x the pixels to decode
-    cluster = Cluster(tmp_path, JOB, workers=2)
+    cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}"],
+                      workers=2)
     cluster.args += ["--set", f"data.path={small}"]
     try:
         cluster.start("ps", "ps", 0)
@@ -82,3 +84,12 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
     # Its own input wait is the slow worker's, whatever the stop did to the rest.
     assert results["worker1"]["step_phases"]["input"] > results["chief"]["step_phases"]["input"]
     assert all("advice: " in cluster.tasks[name].stderr for name in results)
+    # Each worker's timeline, merged: one process row each, every phase, on one clock.
+    files = [str(tmp_path / f"tl.worker{i}.json") for i in (0, 1)]
+    merged = run_in_process("timeline", "merge", *files, "--out", str(tmp_path / "job.json"))
+    assert merged.returncode == 0, merged.stderr
+    events = json.loads((tmp_path / "job.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(names.values()) == ["worker0", "worker1"]
+    phases = {(names[e["pid"]], e["cat"]) for e in events if e["ph"] == "X"}
+    assert {("worker1", "input"), ("worker0", "exchange"), ("worker1", "compute")} <= phases
