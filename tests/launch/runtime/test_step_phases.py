@@ -122,9 +122,10 @@ def test_a_job_shows_its_phases_in_progress_lines_result_and_metrics(tmp_path):
         r'towers_step_phase_seconds_total\{[^}]*phase="(\w+)"[^}]*\} (\S+)', text)}
     assert set(exported) == {"input", "compute", "exchange", "apply"}
     step_sum = float(re.search(r"towers_step_seconds_sum\{[^}]*\} (\S+)", text).group(1))
-    # The phases divide each step's run time: together they are the steps' time
-    # (timed by another hook a few microseconds apart, so not to the digit).
-    assert sum(exported.values()) == pytest.approx(step_sum, rel=0.1)
+    # The phases divide each step's run time: together they are the steps' time. The
+    # metrics' timer also spans the hooks between the two (reading a traced step's
+    # statistics among them), a visible share of this model's ~3 ms steps.
+    assert sum(exported.values()) == pytest.approx(step_sum, rel=0.25)
     assert re.search(r'towers_step_phase_seconds_total\{[^}]*job="train"', text)
 
 
@@ -132,3 +133,24 @@ def test_transfers_a_remote_master_records_are_exchange():
     step = stats(("ps:0", "RecvTensor", "", 0, 40), ("w:0", "tower_0/m/MatMul", "MatMul", 40, 100))
     step.dev_stats[0].node_stats[0].timeline_label = "RecvTensor"  # no ' = op(...)'
     assert split_step(step)["exchange"] == pytest.approx(0.4)
+
+
+def test_samples_that_cost_more_are_taken_less_often(monkeypatch):
+    import launch.runtime.step_phases as step_phases
+
+    monkeypatch.setattr(step_phases, "SAMPLE_BUDGET", 1e-6)  # any sample is too dear
+    sampled = []
+
+    class Counted(StepPhases):
+        def add(self, run_seconds, shares=None):
+            sampled.append(bool(shares))
+            super().add(run_seconds, shares)
+
+    with tf.Graph().as_default():
+        dataset = tf.data.Dataset.from_tensors((tf.zeros([8, 4]), tf.zeros([8], tf.int32)))
+        features, labels = V1.data.make_one_shot_iterator(dataset.repeat()).get_next()
+        ops = towers.build_train_op(tiny_classifier, features, labels, momentum(), ["/cpu:0"])
+        with V1.train.MonitoredTrainingSession(hooks=[StepPhaseHook(Counted(), 0.0)]) as sess:
+            for _ in range(20):
+                sess.run(ops.train_op)
+    assert sampled.index(True) == 1 and sum(sampled) == 1  # the second run; the next is far off
