@@ -212,9 +212,9 @@ def advice(shares: Mapping[str, float]) -> str:
         "input": f"input-bound ({share} waits for the next batch): raise "
                  "data.num_parallel_calls, data.prefetch or data.threads (or leave them "
                  "auto), or convert the data to uint8 TFRecords (towers data convert)",
-        "exchange": f"exchange-bound ({share} moves gradients and variables): try the "
-                    "other towers.variable_update, towers.gradient_dtype: bfloat16, or "
-                    "fewer towers or workers",
+        "exchange": f"exchange-bound ({share} moves gradients and variables): try "
+                    "towers.gradient_dtype: bfloat16 (half the bytes), fewer towers or "
+                    "workers, or in one process the other towers.variable_update",
         "apply": f"apply-bound ({share} applies the update): spread the variables "
                  "(towers.param_device: least_loaded, or more ps tasks) or use a "
                  "cheaper optimizer",
