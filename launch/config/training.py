@@ -185,7 +185,8 @@ class TrainConfig:
     # only after more than max_nonfinite_steps such steps in a row.
     on_nonfinite: str = _field("stop", choice("stop", "skip"))
     max_nonfinite_steps: int = _field(10, positive_int)
-    # The least time between two steps traced for the step-phase shares (0: every step).
+    # The least time between two steps traced for the step-phase shares (a sample that
+    # costs more than 1% of it waits longer; 0: as often as that allows).
     phase_sample_secs: float = _field(1.0, number(float, ge=0))
     # No step finished for this long: say what the step waits for; for abort_secs:
     # end the process (exit status 138, retryable).
