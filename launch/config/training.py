@@ -199,13 +199,16 @@ class TrainConfig:
     # A Chrome trace-event file of this process's session runs timeline_steps[0]..[1].
     timeline: str | None = _field(None, optional(string))
     timeline_steps: tuple[int, ...] = _field((5, 15), tuple_of(positive_int))
+    # A TensorFlow profiler trace of these session runs ([first, last]; None: none).
+    profile_steps: tuple[int, ...] | None = _field(None, optional(tuple_of(positive_int)))
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
-        first_last = values["timeline_steps"]
-        if len(first_last) != 2 or first_last[0] > first_last[1]:
-            raise Invalid(f"must be [first, last] with first <= last, got {list(first_last)}",
-                          "timeline_steps")
+        for key in ("timeline_steps", "profile_steps"):
+            first_last = values[key]
+            if first_last is not None and (len(first_last) != 2 or first_last[0] > first_last[1]):
+                raise Invalid(f"must be [first, last] with first <= last, got "
+                              f"{list(first_last)}", key)
         if values["on_nonfinite"] == "skip" and values["sync"]:
             raise Invalid(
                 "skip is not available with train.sync (every worker's gradient is awaited); "

@@ -35,6 +35,7 @@ from launch.runtime.plan import (
     make_plan,
     preflight,
 )
+from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.stall import StallWatch
@@ -289,6 +290,9 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         hooks.append(TimelineHook(timeline_path(cfg.timeline, role.label), cfg.timeline_steps,
                                   role.label, "exchange" if several else "compute",
                                   bool(role.master), write))
+    if cfg.profile_steps:
+        hooks.append(ProfileHook(profile_dir(cfg.checkpoint_dir, role.label), cfg.profile_steps,
+                                 write))
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))

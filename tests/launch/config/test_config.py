@@ -101,6 +101,7 @@ train:
   straggler_steps: 50
   timeline: null
   timeline_steps: [5, 15]
+  profile_steps: null
 eval:
   steps: null
   batch_size: 256

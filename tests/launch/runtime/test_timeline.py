@@ -68,3 +68,21 @@ def test_merging_something_else_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith(f"towers: error: {bad} is not a timeline file")
     assert result.stderr.count("\n") == 1
+
+
+def test_profile_steps_write_a_profiler_trace_tensorboard_reads(tmp_path):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    raw = {"model": {"name": "mlp", "input_dim": 8, "hidden_units": [16], "num_classes": 2},
+           "data": {"source": "synthetic", "num_examples": 256}, "towers": {"devices": 2},
+           "train": {"batch_size": 32, "steps": 8, "checkpoint_dir": str(tmp_path),
+                     "profile_steps": [3, 5]}}
+    lines = []
+    train(from_dict(raw), write=lines.append)
+    assert any(line.startswith(f"profile of steps 3-5 written under {tmp_path}")
+               for line in lines)
+    found = list(tmp_path.glob("plugins/profile/*/*.xplane.pb"))
+    assert len(found) == 1
+    space = xplane_pb2.XSpace.FromString(found[0].read_bytes())
+    events = [m.name for plane in space.planes for m in plane.event_metadata.values()]
+    assert any("tower_0/" in name for name in events)  # the towers' ops were traced
