@@ -86,3 +86,14 @@ def test_profile_steps_write_a_profiler_trace_tensorboard_reads(tmp_path):
     space = xplane_pb2.XSpace.FromString(found[0].read_bytes())
     events = [m.name for plane in space.planes for m in plane.event_metadata.values()]
     assert any("tower_0/" in name for name in events)  # the towers' ops were traced
+
+
+def test_local_cluster_merges_the_workers_timelines_into_the_named_file(tmp_path):
+    from launch.distributed.local_cluster import _merge_timelines, _Task
+
+    first, _ = trained_timeline(tmp_path, "tl.worker0.json", steps=(1, 2))
+    second, _ = trained_timeline(tmp_path, "tl.worker1.json", steps=(1, 2))
+    tasks = [_Task(name, []) for name in ("ps0", "worker0", "worker1", "evaluator")]
+    _merge_timelines(str(tmp_path / "tl.json"), tasks)
+    merged = json.loads((tmp_path / "tl.json").read_text())["traceEvents"]
+    assert {e["pid"] for e in merged} == {1, 2}
