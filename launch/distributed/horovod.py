@@ -25,6 +25,7 @@ import towers
 from launch import metrics
 from launch.config import JobConfig
 from launch.devices import DeviceError
+from launch.distributed.rank_reports import RankReports, rendezvous_url
 from launch.errors import BadInput
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
@@ -176,12 +177,19 @@ class HorovodRole(Role):
     def __init__(self, hvd: ModuleType, rank: Rank):
         super().__init__(writes=rank.rank == 0, label=f"rank{rank.rank}")
         self._hvd, self._rank = hvd, rank
+        url = rendezvous_url()
+        self._reports = RankReports(url, rank.rank, rank.size) if url else None
 
     def hooks(self, ops: towers.TrainOps, data_end,
               phases=None) -> list[V1.train.SessionRunHook]:
-        return [BroadcastHook(self._hvd, ops.sync_op)]
+        reporting = [self._reports] if self._reports is not None else []
+        return [BroadcastHook(self._hvd, ops.sync_op), *reporting]
 
     def stall_cause(self) -> str:
+        silent = self._reports.silent() if self._reports is not None else []
+        if silent:
+            return (f"ranks not reporting: {', '.join(silent)}; the collective waits for "
+                    "them")
         return ("a collective waits for ranks that have not joined it: Horovod's stall "
                 "check names them on rank 0 (\"missing ranks\"), after "
                 "train.stall_warning_secs too")
