@@ -17,10 +17,10 @@ def add_parser(commands) -> None:
         dest="timeline_command", metavar="TOOL", required=True)
     merge = tools.add_parser(
         "merge", help="join the timelines of a job's tasks into one file",
-        description="Join the Chrome trace-event files that train.timeline wrote in each "
-        "task of a ps/worker or Horovod job (timeline.worker0.json, timeline.rank1.json, "
-        "...) into one, a process row each, on their shared wall clock. Open it in "
-        "https://ui.perfetto.dev or chrome://tracing.",
+        description="Join the Chrome trace-event files that train.timeline wrote in each\n"
+        "task of a ps/worker or Horovod job (tl.worker0.json, tl.rank1.json, ...) into\n"
+        "one, a process row each, on their shared wall clock. Open it in\n"
+        "https://ui.perfetto.dev or chrome://tracing. local-cluster merges its own.",
         epilog="example:\n  towers timeline merge runs/tl.*.json --out runs/job-timeline.json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     merge.add_argument("inputs", nargs="+", metavar="FILE", help="the tasks' timeline files")
