@@ -24,6 +24,7 @@ from contextlib import nullcontext
 
 from launch import bench
 from launch import cli_data as data_command
+from launch import cli_timeline as timeline_command
 from launch.cli_help import (
     EPILOG_BENCH,
     EPILOG_CONVERT,
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(_job_command(commands, "bench",
                                      "compare throughput and memory across modes", EPILOG_BENCH))
     _data_parser(commands)
+    timeline_command.add_parser(commands)
     return parser
 
 
@@ -313,6 +315,7 @@ HANDLERS = {
     "data": data_command.run,
     "export": _export,
     "validate": _validate,
+    "timeline": timeline_command.run,
 }
 
 

@@ -8,7 +8,8 @@ the command line needs one `except` clause, and lower layers never import it.
     2 bad input: job file, flags, data, devices, checkpoint directory, ports
     3 diverged: a non-finite loss or gradient, never applied
     4 a resource failed mid-run (a checkpoint write); the previous checkpoint is intact
-    138 a peer task of a ps/worker job could not be reached in time (retryable)
+    138 a peer task of a ps/worker job could not be reached in time, or no step
+        finished for train.stall_abort_secs (retryable)
 """
 
 from __future__ import annotations
@@ -56,3 +57,8 @@ class PeerUnavailable(TowersError, RuntimeError):
     """A peer task never answered within its deadline: worth retrying, not bad input."""
 
     exit_status = EXIT_PEER_UNAVAILABLE
+
+
+class Stalled(PeerUnavailable):
+    """No step finished for train.stall_abort_secs: retryable, like a lost peer (a
+    restart resumes from the last checkpoint)."""

@@ -17,14 +17,14 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("towers", "models", "launch")
 
 LAUNCH_LAYERS = [
-    ("launch.errors", "launch.log"),
+    ("launch.errors", "launch.log", "launch.hard_exit"),
     ("launch.config",),
     ("launch.devices",),
     ("launch.data", "launch.metrics", "launch.modelref"),
     ("launch.runtime",),
     ("launch.distributed",),
     ("launch.bench",),
-    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.__main__"),
+    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
 ]
 # The project's own layers: launch builds on models and towers, models on towers.
 PACKAGE_LAYERS = {"towers": 0, "models": 1, "launch": 2}

@@ -14,6 +14,8 @@ from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
 from towers.packing import pack_groups, packed
+from towers.phases import PHASES as STEP_PHASES
+from towers.phases import step_phase
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
@@ -38,6 +40,7 @@ __all__ = [
     "NONFINITE_POLICIES",
     "PRECISIONS",
     "REPLICA_COPIES",
+    "STEP_PHASES",
     "VARIABLE_UPDATES",
     "CollectiveGroup",
     "CrossProcess",
@@ -70,4 +73,5 @@ __all__ = [
     "shard_sizes",
     "split_batch",
     "weighted_all_reduce",
+    "step_phase",
 ]

@@ -194,9 +194,30 @@ class TrainConfig:
     # only after more than max_nonfinite_steps such steps in a row.
     on_nonfinite: str = _field("stop", choice("stop", "skip"))
     max_nonfinite_steps: int = _field(10, positive_int)
+    # The least time between two steps traced for the step-phase shares (a sample that
+    # costs more than 1% of it waits longer; 0: as often as that allows).
+    phase_sample_secs: float = _field(1.0, number(float, ge=0))
+    # No step finished for this long: say what the step waits for; for abort_secs:
+    # end the process (exit status 138, retryable).
+    stall_warning_secs: float = _field(60.0, number(float, gt=0))
+    stall_abort_secs: float | None = _field(None, optional(number(float, gt=0)))
+    # ps/worker: a worker whose own time per step is straggler_ratio times the others'
+    # median for straggler_steps steps is named by the chief.
+    straggler_ratio: float = _field(1.5, number(float, gt=1))
+    straggler_steps: int = _field(50, positive_int)
+    # A Chrome trace-event file of this process's session runs timeline_steps[0]..[1].
+    timeline: str | None = _field(None, optional(string))
+    timeline_steps: tuple[int, ...] = _field((5, 15), tuple_of(positive_int))
+    # A TensorFlow profiler trace of these session runs ([first, last]; None: none).
+    profile_steps: tuple[int, ...] | None = _field(None, optional(tuple_of(positive_int)))
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
+        for key in ("timeline_steps", "profile_steps"):
+            first_last = values[key]
+            if first_last is not None and (len(first_last) != 2 or first_last[0] > first_last[1]):
+                raise Invalid(f"must be [first, last] with first <= last, got "
+                              f"{list(first_last)}", key)
         if values["on_nonfinite"] == "skip" and values["sync"]:
             raise Invalid(
                 "skip is not available with train.sync (every worker's gradient is awaited); "

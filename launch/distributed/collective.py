@@ -200,13 +200,20 @@ class CollectiveRole(Role):
         )
         self._task, self._group = task, group
         self.deadline = StepDeadline(job.cluster)
+        self.label = f"{task.job_name}{task.task_index}"
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
         return [BroadcastHook(self._group, self._task.is_chief, ops.sync_op,
                               lambda: PeerUnavailable(lost_peer(self._task)))]
 
-    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end,
+              phases=None) -> list[V1.train.SessionRunHook]:
         return [self.deadline]
+
+    def stall_cause(self) -> str:
+        others = ", ".join(f"{name} at {address}" for name, address in peers(self._task).items())
+        return (f"a collective step waits for every worker ({others}); one that stopped "
+                "holds up all of them")
 
     def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
         return StopVoteHook(stop, self._group)

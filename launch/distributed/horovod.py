@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -24,6 +25,7 @@ import towers
 from launch import metrics
 from launch.config import JobConfig
 from launch.devices import DeviceError
+from launch.distributed.rank_reports import RankReports, rendezvous_url
 from launch.errors import BadInput
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
@@ -174,13 +176,28 @@ class HorovodRole(Role):
     rank receives rank 0's variables once the session starts."""
 
     def __init__(self, hvd: ModuleType, rank: Rank):
-        super().__init__(writes=rank.rank == 0)
+        super().__init__(writes=rank.rank == 0, label=f"rank{rank.rank}")
         self._hvd, self._rank = hvd, rank
+        url = rendezvous_url()
+        self._reports = RankReports(url, rank.rank, rank.size) if url else None
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
         # First, so every rank holds rank 0's global step before any hook reads it: a
         # finished job run again then takes no step on any rank.
         return [BroadcastHook(self._hvd, ops.sync_op)]
+
+    def hooks(self, ops: towers.TrainOps, data_end,
+              phases=None) -> list[V1.train.SessionRunHook]:
+        return [self._reports] if self._reports is not None else []
+
+    def stall_cause(self) -> str:
+        silent = self._reports.silent() if self._reports is not None else []
+        if silent:
+            return (f"ranks not reporting: {', '.join(silent)}; the collective waits for "
+                    "them")
+        return ("a collective waits for ranks that have not joined it: Horovod's stall "
+                "check names them on rank 0 (\"missing ranks\"), after "
+                "train.stall_warning_secs too")
 
     def finish(self, result: dict) -> dict:
         return {**result, "rank": self._rank.rank, "size": self._rank.size}
@@ -189,6 +206,7 @@ class HorovodRole(Role):
 def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
     """Run this process's rank of a Horovod job; return its final record with rank and size."""
     hvd = load()
+    _check_stalls_after(job.train.stall_warning_secs)
     hvd.init()
     rank = Rank(hvd.rank(), hvd.size(), hvd.local_rank())
     if rank.rank != 0:
@@ -201,6 +219,12 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
               f"{plan.batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank)
         return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
+
+
+def _check_stalls_after(seconds: float) -> None:
+    """Horovod's own stall check (rank 0 names the ranks a collective still waits for)
+    runs after train.stall_warning_secs, unless the environment already sets it."""
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, round(seconds))))
 
 
 def _silent(message: str) -> None:

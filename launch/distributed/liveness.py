@@ -15,7 +15,7 @@ in theirs:
 Giving up is PeerUnavailable (exit status 138, retryable). TensorFlow alone would
 retry a lost peer for ever. A ps checks from its serving loop; a worker's main
 thread is inside TensorFlow's retries by then, so it checks in a thread of its
-own (`watching`) and ends the process from there (launch/distributed/hard_exit.py).
+own (`watching`) and ends the process from there (launch/hard_exit.py).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from launch.config import JobConfig
 from launch.distributed.cluster_spec import ClusterError
 from launch.log import log
 from launch.runtime.signals import StopSignals
+from launch.runtime.timeline import merge, timeline_path
 
 STOP_WAIT_SECS = 60  # after SIGTERM, how long a task may take to save and exit
 
@@ -192,6 +193,8 @@ def run_local_cluster(
     chief = next(t for t in tasks if t.name == "worker0")
     result = json.loads(chief.stdout[-1]) if chief.stdout else {}
     result["exit_codes"] = codes
+    if job.train.timeline:
+        _merge_timelines(job.train.timeline, tasks)
     print(json.dumps(result, sort_keys=True), flush=True)
     if failed:
         log(f"{failed} failed; stopped the other tasks")
@@ -199,6 +202,15 @@ def run_local_cluster(
         # a task killed by a signal has a negative returncode, which is no exit status.
         return codes[failed] if codes[failed] > 0 else 1
     return 0
+
+
+def _merge_timelines(path: str, tasks: list[_Task]) -> None:
+    """train.timeline: the workers' files (each wrote its own) joined into `path`."""
+    found = [timeline_path(path, t.name) for t in tasks if t.name.startswith("worker")]
+    found = [f for f in found if os.path.exists(f)]
+    if found:
+        merge(found, path)
+        log(f"timelines of {len(found)} worker(s) merged into {path}")
 
 
 def _wait(tasks: list[_Task], stopping: StopSignals) -> str | None:

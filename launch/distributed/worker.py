@@ -23,9 +23,9 @@ from collections.abc import Callable
 import tensorflow as tf
 
 import towers
-from launch import metrics
+from launch import hard_exit, metrics
 from launch.config import JobConfig
-from launch.distributed import collective, hard_exit, liveness, sync_replicas
+from launch.distributed import collective, liveness, sync_replicas
 from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
 from launch.distributed.server import start_server
 from launch.distributed.step_deadline import stuck_step
@@ -100,7 +100,7 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
               f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}")
         with _watching_ps(task, job, write), _quiet_queue_runner(task, job):
-            role = WorkerRole(job, task, server, plan.session, write)
+            role = WorkerRole(job, task, server, plan.session, write, exporter)
             return _train(job, task, plan, role, exporter, write)
 
 

@@ -7,11 +7,13 @@ from collections.abc import Callable
 import tensorflow as tf
 
 import towers
+from launch import metrics
 from launch.config import JobConfig
 from launch.distributed import sync_replicas
 from launch.distributed.chief_wait import wait_for_chief
 from launch.distributed.cluster_spec import Task
 from launch.distributed.ending import JobEndHook, report_finished, tell_diverged
+from launch.distributed.peer_reports import PeerReportHook, PeerReports, Straggler, stall_cause
 from launch.distributed.step_deadline import StepDeadline
 from launch.log import log
 from launch.runtime.role import Role
@@ -29,7 +31,7 @@ class WorkerRole(Role):
     """
 
     def __init__(self, job: JobConfig, task: Task, server, session: V1.ConfigProto,
-                 write: Callable[[str], None] = log):
+                 write: Callable[[str], None] = log, exporter: metrics.Exporter | None = None):
         super().__init__(
             master=server.target,
             is_chief=task.is_chief,
@@ -37,10 +39,13 @@ class WorkerRole(Role):
             max_wait_secs=job.cluster.startup_timeout_secs,
             stop_grace_secs=1.0,
         )
+        self.label = f"{task.job_name}{task.task_index}"
         self._job, self._task, self._session = job, task, session
         self._write = write
         self._sync: sync_replicas.SyncReplicas | None = None
         self._end: JobEndHook | None = None
+        self._exporter = exporter
+        self._reports: PeerReportHook | None = None
         self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
@@ -49,15 +54,40 @@ class WorkerRole(Role):
         self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
         return self._sync
 
-    def hooks(self, ops: towers.TrainOps, data_end) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end,
+              phases=None) -> list[V1.train.SessionRunHook]:
         release = None
         if self._sync is not None:
             release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
         self._end = JobEndHook(self._task, release, data_end, self._write)
+        reporting = [] if phases is None else [self._peer_reports(phases)]
         if self._sync is None:
-            return [self._end, self.deadline]
+            return [self._end, self.deadline, *reporting]
         sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
-        return [self._end, sync, self.deadline]
+        return [self._end, sync, self.deadline, *reporting]
+
+    def _peer_reports(self, phases) -> PeerReportHook:
+        """This worker's report to the others; the chief also names stragglers."""
+        cfg = self._job.train
+        straggler = Straggler(cfg.straggler_ratio, cfg.straggler_steps) if self.is_chief else None
+        on_straggler = None
+        if self._exporter is not None and straggler is not None:
+            gauge = self._exporter.gauge(
+                "towers_straggler", "1 while the chief names this worker a straggler",
+                ["peer"])
+
+            def on_straggler(peer: str, value: int) -> None:
+                gauge.labels(peer).set(value)
+        self._reports = PeerReportHook(PeerReports(self._task), straggler, self._write,
+                                       on_straggler)
+        phases.listen(self._reports.on_phases)
+        return self._reports
+
+    def stall_cause(self) -> str:
+        """Which workers stopped reporting, or that ps 0 does not answer."""
+        if self._reports is None or self._reports.session is None:
+            return "the session is not running yet"
+        return stall_cause(self._reports.reports, self._reports.session, self._job.train.sync)
 
     def before_session(self, config: V1.ConfigProto) -> None:
         if self.is_chief:

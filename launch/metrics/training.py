@@ -73,6 +73,8 @@ class TrainMetrics:
         "towers_loss_scale": "Loss scale of a recent step (mixed_float16)",
         "towers_overflow_steps": "Steps skipped because float16 gradients overflowed "
                                  "(mixed_float16; not non-finite steps)",
+        "towers_step_phase_seconds": "Seconds of this process's training steps per phase: "
+                                     "input wait, compute, gradient exchange, apply",
     }
 
     def __init__(self, exporter: Exporter, metric_names: Sequence[str], num_towers: int,
@@ -92,6 +94,7 @@ class TrainMetrics:
         self._rate: float | None = None
         self._mark: tuple[int, float] | None = None  # (steps, time) where the rate window began
         self._durations: deque[float] = deque()  # run times not yet in the histogram
+        self._phase_seconds: dict[str, float] = {}
         self._histogram = Histogram(  # unregistered: collect() drains into it, then yields it
             "towers_step_seconds", "Wall-clock time of each training session run",
             buckets=STEP_BUCKETS, registry=None)
@@ -122,6 +125,13 @@ class TrainMetrics:
         elif now - self._mark[1] >= RATE_WINDOW_SECS:
             self._rate = (self._steps - self._mark[0]) * self.batch_size / (now - self._mark[1])
             self._mark = (self._steps, now)
+
+    def record_phases(self, seconds: Mapping[str, float]) -> None:
+        """One step's seconds per phase (input, compute, exchange, apply)."""
+        totals = dict(self._phase_seconds)  # replaced whole: collect() reads it unlocked
+        for phase, value in seconds.items():
+            totals[phase] = totals.get(phase, 0.0) + value
+        self._phase_seconds = totals
 
     def record_optimizer(self, values: Mapping[str, Any]) -> None:
         """The learning rate and gradient norm (and loss scale, if any) of a step."""
@@ -161,6 +171,12 @@ class TrainMetrics:
         if self._overflows is not None:
             yield CounterMetricFamily("towers_overflow_steps", doc["towers_overflow_steps"],
                                       value=self._overflows)
+        if self._phase_seconds:
+            family = CounterMetricFamily("towers_step_phase_seconds",
+                                         doc["towers_step_phase_seconds"], labels=["phase"])
+            for phase, value in self._phase_seconds.items():
+                family.add_metric([phase], value)
+            yield family
         step, rate, values, optimizer = self._step, self._rate, self._values, self._optimizer
         if step is not None:
             yield _gauge("towers_global_step", doc["towers_global_step"], step)
@@ -241,12 +257,14 @@ class TrainingHooks:
 
     on_step: for ProgressHook(on_step=...), which hands over each step's values.
     on_overflow: for the loss-scale hook, called once per step skipped for overflow.
+    on_phases: for StepPhases, called with each step's seconds per phase.
     """
 
     hooks: list[V1.train.SessionRunHook] = field(default_factory=list)
     listeners: list[V1.train.CheckpointSaverListener] = field(default_factory=list)
     on_step: Callable[[int, Mapping[str, Any]], None] | None = None
     on_overflow: Callable[[], None] | None = None
+    on_phases: Callable[[Mapping[str, float]], None] | None = None
 
 
 def training_hooks(
@@ -273,5 +291,5 @@ def training_hooks(
         metrics.count_overflows()
     hook = MetricsHook(metrics, ops.global_step, optimizer_values, process_gpus(exporter, session))
     return TrainingHooks([hook], [CheckpointMetrics(metrics)], hook.on_step,
-                         metrics.record_overflow)
+                         metrics.record_overflow, metrics.record_phases)
 

@@ -10,6 +10,7 @@ import tensorflow as tf
 import towers
 from launch.runtime.hooks import DataEndHook, StopOnSignalHook
 from launch.runtime.signals import StopSignals
+from launch.runtime.step_phases import StepPhases
 
 V1 = tf.compat.v1
 
@@ -24,6 +25,8 @@ class Role:
     writes: writes checkpoints, summaries and the placement trace (a chief that
         is not a Horovod rank other than 0).
     stop_grace_secs: how long closing the session waits for its threads.
+    label: this process in a job of several ('worker1', 'rank1'; '' alone), for the
+        files each process writes (train.timeline).
     """
 
     master: str = ""
@@ -31,15 +34,17 @@ class Role:
     writes: bool = True
     max_wait_secs: float = 7200.0
     stop_grace_secs: float = 120.0
+    label: str = ""
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
         """The optimizer this role applies gradients with (e.g. SyncReplicasOptimizer)."""
         return optimizer
 
-    def hooks(self, ops: towers.TrainOps, data_end: DataEndHook
-              ) -> list[V1.train.SessionRunHook]:
-        """Extra hooks for this role's session, given the built training ops and the hook
-        that knows whether the input ran out (it runs before these)."""
+    def hooks(self, ops: towers.TrainOps, data_end: DataEndHook,
+              phases: StepPhases | None = None) -> list[V1.train.SessionRunHook]:
+        """Extra hooks for this role's session, given the built training ops, the hook
+        that knows whether the input ran out (it runs before these) and the step phases
+        (to listen to)."""
         return []
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
@@ -52,6 +57,11 @@ class Role:
         """How a stop signal ends this process's training: after the current step (a
         collective job's workers agree on the step first)."""
         return StopOnSignalHook(stop, self.unblock_op())
+    def stall_cause(self) -> str:
+        """What a step that has not finished for train.stall_warning_secs waits for,
+        asked from another thread while it waits."""
+        return ("this process's step is still running; with no peers to wait for, it "
+                "waits for its input (a source that gives no data) or its devices")
 
     def before_session(self, config: V1.ConfigProto) -> None:
         """Runs once the graph is built, before the training session starts (a ps/worker

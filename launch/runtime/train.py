@@ -13,6 +13,7 @@ import towers
 from launch import data, metrics
 from launch.config import JobConfig
 from launch.devices import emulation_note
+from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.hooks import (
@@ -34,8 +35,12 @@ from launch.runtime.plan import (
     make_plan,
     preflight,
 )
+from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
+from launch.runtime.stall import StallWatch
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
+from launch.runtime.timeline import TimelineHook, timeline_path
 
 V1 = tf.compat.v1
 
@@ -141,6 +146,7 @@ class _Loop:
     progress: ProgressHook
     stop_at: StopAtStepHook
     data_end: DataEndHook
+    phases: StepPhases
     loss_scale: LossScaleHook | None = None
 
 
@@ -195,6 +201,7 @@ def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
         with data.input_errors(data_where(job)):
             _run_session(plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
+    _report_phases(loop.phases, result, write)
     if result.get("stopped_by") == "end of data":
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} of {job.train.steps}; training ends there")
@@ -255,6 +262,11 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
     served = metrics.training_hooks(
         exporter, ops, rate, len(plan.devices), plan.examples_per_step, plan.job.session
     )
+    phases = StepPhases(served.on_phases)
+    # With peers, an instant with no op running here is a wait for them.
+    several = bool(role.master) or plan.reduce_gradients is not None
+    timer = StepPhaseHook(phases, cfg.phase_sample_secs, "exchange" if several else "compute",
+                          remote=bool(role.master))
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
@@ -264,22 +276,33 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         cfg.checkpoint_dir if role.writes else None,
         write,
         on_step=served.on_step,  # hands its fetched values to the metrics
+        phases=lambda: shares_text(phases.take_window()),
     )
     stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
     hooks = [
         *role.start_hooks(ops),
         *served.hooks,  # first, so its step timer starts right before the session run
+        timer,  # before progress, so the step it reports is in the phases
         stop_at,
         progress,
         role.stop_hook(stop),
         data_end,
-        *role.hooks(ops, data_end),
+        *role.hooks(ops, data_end, phases),
+        StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
+                   exit_now),
     ]
     loss_scale = None
     if ops.loss_scale is not None:
         loss_scale = LossScaleHook(ops.overflow, ops.loss_scale, ops.global_step, write,
                                    served.on_overflow)
         hooks.append(loss_scale)
+    if cfg.timeline:
+        hooks.append(TimelineHook(timeline_path(cfg.timeline, role.label), cfg.timeline_steps,
+                                  role.label, "exchange" if several else "compute",
+                                  bool(role.master), write))
+    if cfg.profile_steps:
+        hooks.append(ProfileHook(profile_dir(cfg.checkpoint_dir, role.label), cfg.profile_steps,
+                                 write))
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
@@ -287,7 +310,7 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
         checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
-    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, loss_scale)
+    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, phases, loss_scale)
 
 
 def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopSignals) -> None:
@@ -340,6 +363,19 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     elif loop.data_end.ran_out:
         result["stopped_by"] = "end of data"
     return role.finish(result)
+
+
+def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None]) -> None:
+    """Where this process's step time went, in the result and in two lines: the shares
+    and the advice they call for."""
+    shares = phases.shares()
+    if not shares:  # no step was sampled (none run, or a single one)
+        return
+    result["step_phases"] = {phase: round(share, 4) for phase, share in shares.items()}
+    result["bottleneck"] = bottleneck(shares)
+    write(f"where the step time went: {shares_text(shares)} of "
+          f"{sum(phases.total.values()):.1f} s in steps")
+    write(f"advice: {advice(shares)}")
 
 
 def _announce_resume(checkpoint: str | None, write: Callable[[str], None]) -> None:

@@ -96,6 +96,14 @@ train:
   backup_workers: 0
   on_nonfinite: stop
   max_nonfinite_steps: 10
+  phase_sample_secs: 1.0
+  stall_warning_secs: 60.0
+  stall_abort_secs: null
+  straggler_ratio: 1.5
+  straggler_steps: 50
+  timeline: null
+  timeline_steps: [5, 15]
+  profile_steps: null
 eval:
   steps: null
   batch_size: 256

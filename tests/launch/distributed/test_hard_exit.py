@@ -1,4 +1,4 @@
-"""A process ended by launch.distributed.hard_exit, from a thread while its main thread is
+"""A process ended by launch.hard_exit, from a thread while its main thread is
 blocked (as a worker's is inside TensorFlow's retries): nothing it wrote is lost."""
 
 import subprocess
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e  # starts a process
 
 ENDED_FROM_A_THREAD = textwrap.dedent('''
     import sys, threading
-    from launch.distributed import hard_exit
+    from launch import hard_exit
     from launch.errors import PeerUnavailable
     from launch.log import log
 

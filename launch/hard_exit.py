@@ -1,6 +1,7 @@
 """Ending this process at once, from any thread: the one place towers calls os._exit.
 
-Only a worker's watch on its ps tasks (launch/distributed/liveness.py) ends a process
+A worker's watch on its ps tasks (launch/distributed/liveness.py) and the stall watch
+(launch/runtime/stall.py, train.stall_abort_secs) end a process
 this way. Once a ps has been gone for the reconnect timeout, the worker's main thread
 is inside MonitoredSession's retries of the lost session: C++ calls that neither an
 exception raised in another thread nor a signal handler can interrupt. So the

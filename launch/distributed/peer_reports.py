@@ -1,0 +1,217 @@
+"""What each worker of a ps/worker job tells the others through ps 0, and what is read
+from it: which workers have stopped reporting (a stall), and which is a straggler.
+
+Every worker owns a small variable on ps 0 (`towers_worker_report_<rank>`, five
+float64s) and rewrites it once a second from a thread of its own, with a session run
+of its own: when it wrote, how many steps it has finished, and the medians over its
+last WINDOW steps of its own time per step (input wait plus compute plus apply: its step without the
+exchange, in which a synchronous worker waits for the others), input wait and compute.
+No extra port and nothing in the checkpoints: the variables are in no collection, and
+each worker initialises the ones it finds uninitialised.
+
+The chief reads them all once a second: a worker whose own time per step has been at
+least `train.straggler_ratio` times the median of the others' for
+`train.straggler_steps` of the chief's steps is named, with whether it waits on input or
+on compute, once, and again when it catches up; `towers_straggler{peer=...}` says 1
+while it is one. Any worker reads them when its steps stall (launch/runtime/stall.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from launch.distributed.cluster_spec import Task
+
+V1 = tf.compat.v1
+
+PUBLISH_EVERY_SECS = 1.0
+SILENT_AFTER_SECS = 2.5  # a worker that has not written for this long is not reporting
+RPC_TIMEOUT_MS = 3000
+WINDOW = 50  # steps: medians ignore the odd long step (a stall, a checkpoint)
+ALIVE_AT, STEPS, OWN, INPUT, COMPUTE = range(5)
+
+
+def worker_names(task: Task) -> list[str]:
+    """'chief 0 at host:port', 'worker 1 at host:port', ... in worker-rank order."""
+    names = [f"chief 0 at {a}" for a in task.cluster.get("chief", ())]
+    return names + [f"worker {i} at {a}" for i, a in enumerate(task.cluster.get("worker", ()))]
+
+
+class PeerReports:
+    """The report variables and the ops to write this worker's and read every one.
+
+    Built in the training graph (before the session is made): variables on ps 0.
+    """
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.names = worker_names(task)
+        with tf.device("/job:ps/task:0/cpu:0"):
+            self._rows = [V1.Variable(tf.zeros([5], tf.float64), trainable=False,
+                                      collections=[], name=f"towers_worker_report_{i}")
+                          for i in range(task.num_workers)]
+        self._feed = V1.placeholder(tf.float64, [5], name="towers_report_feed")
+        self._write = self._rows[task.worker_rank].assign(self._feed).op
+        self._read = tf.stack(self._rows)
+        self._ready = [v.is_initialized() for v in self._rows]
+        self._inits = [v.initializer for v in self._rows]
+        self._options = V1.RunOptions(timeout_in_ms=RPC_TIMEOUT_MS)
+
+    def initialise(self, session) -> None:
+        """Initialise the rows no worker has yet (a race between workers only writes zeros)."""
+        ready = session.run(self._ready, options=self._options)
+        todo = [init for init, done in zip(self._inits, ready, strict=True) if not done]
+        if todo:
+            session.run(todo, options=self._options)
+
+    def publish(self, session, row: np.ndarray) -> None:
+        session.run(self._write, feed_dict={self._feed: row}, options=self._options)
+
+    def read(self, session) -> np.ndarray:
+        """[num_workers, 5]; raises tf.errors.OpError when ps 0 does not answer in time."""
+        return session.run(self._read, options=self._options)
+
+
+def silent_workers(rows: np.ndarray, names: list[str], me: int, now: float) -> list[str]:
+    """'worker 1 at h:p (silent for 9 s)' for each other worker that stopped reporting,
+    '... (no report yet)' for one that never has (not started, or not yet training)."""
+    silent = []
+    for i, row in enumerate(rows):
+        if i == me:
+            continue
+        if row[ALIVE_AT] == 0:
+            silent.append(f"{names[i]} (no report yet)")
+        elif now - row[ALIVE_AT] > SILENT_AFTER_SECS:
+            silent.append(f"{names[i]} (silent for {now - row[ALIVE_AT]:.0f} s)")
+    return silent
+
+
+def stall_cause(reports: PeerReports, session, sync: bool) -> str:
+    """What a stalled worker's step waits for, from the reports (or ps 0's silence)."""
+    task = reports.task
+    try:
+        rows = reports.read(session)
+    except tf.errors.FailedPreconditionError:
+        return "the workers have not all started reporting (the job is starting)"
+    except (tf.errors.OpError, RuntimeError):
+        return f"ps 0 at {task.cluster['ps'][0]} is not answering"
+    silent = silent_workers(rows, reports.names, task.worker_rank, time.time())
+    if silent:
+        waits = "the synchronous step waits for their gradients" if sync else \
+            "they are not training"
+        return f"workers not reporting: {', '.join(silent)}; {waits}"
+    behind = [reports.names[i] for i, row in enumerate(rows)
+              if i != task.worker_rank and row[STEPS] < rows[:, STEPS].max()]
+    if sync and behind:
+        return f"the synchronous step waits for {', '.join(behind)}, steps behind the others"
+    return "every worker reports; the step waits inside TensorFlow (a ps busy or slow)"
+
+
+class Straggler:
+    """Whether one worker's own time per step is a clear margin over the others'."""
+
+    def __init__(self, ratio: float, steps: int):
+        self.ratio, self.steps = ratio, steps
+        self.since: dict[int, int] = {}  # worker -> the chief's step count when it began
+        self.named: set[int] = set()
+
+    def judge(self, rows: np.ndarray, chief_steps: int) -> tuple[list[int], list[int]]:
+        """(workers newly named stragglers, workers no longer stragglers)."""
+        new, recovered = [], []
+        for i, row in enumerate(rows):
+            others = [r[OWN] for j, r in enumerate(rows) if j != i and r[OWN] > 0]
+            slow = bool(others) and row[OWN] >= self.ratio * statistics.median(others)
+            if not slow:
+                self.since.pop(i, None)
+                if i in self.named:
+                    self.named.discard(i)
+                    recovered.append(i)
+                continue
+            began = self.since.setdefault(i, chief_steps)
+            if i not in self.named and chief_steps - began >= self.steps:
+                self.named.add(i)
+                new.append(i)
+        return new, recovered
+
+
+def straggler_line(rows: np.ndarray, names: list[str], i: int) -> str:
+    others = statistics.median(r[OWN] for j, r in enumerate(rows) if j != i and r[OWN] > 0)
+    row = rows[i]
+    waits = "input" if row[INPUT] >= row[COMPUTE] else "compute"
+    return (f"straggler: {names[i]} takes {row[OWN] / others:.1f}x the others' median time "
+            f"of its own per step ({row[OWN]:.3f} s against {others:.3f} s), mostly "
+            f"{waits} ({row[INPUT]:.3f} s input wait, {row[COMPUTE]:.3f} s compute)")
+
+
+class PeerReportHook(V1.train.SessionRunHook):
+    """Publishes this worker's report once a second; on the chief, names stragglers.
+
+    on_straggler: called with (peer name, 1 or 0) as a worker becomes or stops being one.
+    """
+
+    def __init__(self, reports: PeerReports, straggler: Straggler | None,
+                 write: Callable[[str], None],
+                 on_straggler: Callable[[str, int], None] | None = None):
+        self.reports = reports
+        self._straggler = straggler
+        self._write = write
+        self._on_straggler = on_straggler
+        self._row = np.zeros(5)
+        self._recent: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
+        self._steps = 0
+        self.session = None
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def after_create_session(self, session, coord) -> None:
+        self.session = session  # the latest: MonitoredSession re-creates it after a lost ps
+        try:
+            self.reports.initialise(session)
+        except (tf.errors.OpError, RuntimeError):
+            pass  # ps 0 busy: the next session (or another worker) initialises them
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="PeerReports", daemon=True)
+            self._thread.start()
+
+    def on_phases(self, seconds: Mapping[str, float]) -> None:
+        """One finished step's seconds per phase (StepPhases' listener)."""
+        self._steps += 1
+        own = seconds["input"] + seconds["compute"] + seconds["apply"]
+        self._recent.append((own, seconds["input"], seconds["compute"]))
+        row = self._row.copy()  # replaced whole: the publishing thread reads it
+        row[[OWN, INPUT, COMPUTE]] = np.median(np.array(self._recent), axis=0)
+        row[STEPS] = self._steps
+        self._row = row
+
+    def end(self, session) -> None:
+        self._ended.set()
+
+    def _loop(self) -> None:
+        while not self._ended.wait(PUBLISH_EVERY_SECS):
+            row = self._row.copy()
+            row[ALIVE_AT] = time.time()
+            try:
+                self.reports.publish(self.session, row)
+                if self._straggler is not None:
+                    self._judge(self.reports.read(self.session))
+            except (tf.errors.OpError, RuntimeError):
+                continue  # ps 0 not answering: the ps watch and the stall watch say so
+
+    def _judge(self, rows: np.ndarray) -> None:
+        new, recovered = self._straggler.judge(rows, self._steps)
+        for i in new:
+            self._write(straggler_line(rows, self.reports.names, i))
+        for i in recovered:
+            self._write(f"straggler no more: {self.reports.names[i]} keeps up again")
+        if self._on_straggler is not None:
+            for i in new:
+                self._on_straggler(self.reports.names[i], 1)
+            for i in recovered:
+                self._on_straggler(self.reports.names[i], 0)

@@ -1,0 +1,81 @@
+"""Stalls, named while stuck: when no step has finished for train.stall_warning_secs,
+say what the process waits for, once and then at doubling intervals; after
+train.stall_abort_secs (when set) end the process with status 138.
+
+The main thread is inside the stuck session run by then (C++ that nothing
+interrupts), so a thread of the watch's own looks at the clock, asks the role what
+the step waits for (`cause`: which workers have stopped reporting, which ps does not
+answer, ...) and, to abort, ends the process itself (launch/hard_exit.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from launch.errors import Stalled, TowersError
+
+V1 = tf.compat.v1
+
+LOOK_EVERY_SECS = 0.5
+
+
+def stall_text(seconds: float, warning_secs: float, cause: str) -> str:
+    """'no step has finished for 12 s (train.stall_warning_secs: 10): <cause>'."""
+    return (f"no step has finished for {seconds:.0f} s (train.stall_warning_secs: "
+            f"{warning_secs:g}): {cause}")
+
+
+class StallWatch(V1.train.SessionRunHook):
+    """Watches the time since the last step finished (or the session started).
+
+    cause: what the step waits for, asked from the watch's thread while stalled.
+    abort: ends the process with the error (launch.hard_exit.exit_now).
+    """
+
+    def __init__(self, warning_secs: float, abort_secs: float | None,
+                 cause: Callable[[], str], write: Callable[[str], None],
+                 abort: Callable[[TowersError], None]):
+        self._warning = warning_secs
+        self._abort_secs = abort_secs
+        self._cause = cause
+        self._write = write
+        self._abort = abort
+        self._last_end = time.monotonic()
+        self._next_warning = warning_secs
+        self._warned = False
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def after_create_session(self, session, coord) -> None:
+        self._last_end = time.monotonic()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="StallWatch", daemon=True)
+            self._thread.start()
+
+    def after_run(self, run_context, run_values) -> None:
+        now = time.monotonic()
+        if self._warned:
+            self._write(f"steps go on again after {now - self._last_end:.0f} s without one")
+        self._last_end = now
+        self._next_warning = self._warning
+        self._warned = False
+
+    def end(self, session) -> None:
+        self._ended.set()
+
+    def _watch(self) -> None:
+        while not self._ended.wait(LOOK_EVERY_SECS):
+            stalled = time.monotonic() - self._last_end
+            if self._abort_secs is not None and stalled >= self._abort_secs:
+                self._abort(Stalled(
+                    f"train.stall_abort_secs: no step finished for {stalled:.0f} s; "
+                    f"{self._cause()}. Restart the job: training resumes from the "
+                    "last checkpoint"))
+            if stalled >= self._next_warning:
+                self._warned = True
+                self._write(stall_text(stalled, self._warning, self._cause()))
+                self._next_warning = 2 * max(stalled, self._warning)  # less often as it lasts

@@ -1,0 +1,95 @@
+"""A synchronous job of 1 ps and 2 workers in which worker 1 reads large JPEGs one at a
+time (its input is slow, the chief's is not): the chief names worker 1, and no other, a
+straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for longer
+than train.stall_warning_secs, and the chief names it as what its step waits for, within
+the warning time and a few seconds; continued (SIGCONT), the job finishes and every task
+exits 0, each saying where its step time went."""
+
+import json
+import os
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+import tensorflow as tf
+from cli_helpers import Cluster, last_json, run_in_process
+from data_helpers import class_images, image_feature_map, write_examples
+
+WARNING_SECS = 3
+
+
+def jpeg_records(path, count: int, size: int) -> str:
+    images, labels = class_images(count, size=size, classes=2)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        image = tf.compat.v1.placeholder(tf.uint8, [size, size, 3])
+        encode = tf.io.encode_jpeg(image, quality=95)
+        encoded = [session.run(encode, {image: x}) for x in images]
+    return write_examples(path, (image_feature_map(e, int(y))
+                                 for e, y in zip(encoded, labels, strict=True)))
+
+
+JOB = ["--set", "model.name=convnet", "--set", "model.channels=3",
+       "--set", "model.num_classes=2", "--set", "optimizer.learning_rate=0.005",
+       "--set", "optimizer.clip_norm=1", "--set", "data.source=tfrecord",
+       "--set", "data.schema=imagenet", "--set", "data.image.augment=false",
+       "--set", "data.num_parallel_calls=1", "--set", "data.threads=1",
+       "--set", "towers.devices=1", "--set", "train.batch_size=32",
+       "--set", "train.steps=80", "--set", "train.sync=true", "--set", "train.log_every_steps=40",
+       "--set", f"train.stall_warning_secs={WARNING_SECS}", "--set", "train.phase_sample_secs=0.2",
+       "--set", "train.straggler_steps=20", "--set", "metrics.port=0"]
+
+
+@pytest.mark.e2e
+def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
+    small = jpeg_records(tmp_path / "small.tfrecord", 16, 16)
+    large = jpeg_records(tmp_path / "large.tfrecord", 16, 768)  # 2,304x the pixels to decode
+    cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}"],
+                      workers=2)
+    cluster.args += ["--set", f"data.path={small}"]
+    try:
+        cluster.start("ps", "ps", 0)
+        chief = cluster.start("chief", "worker", 0)
+        cluster.args[-1] = f"data.path={large}"
+        slow = cluster.start("worker1", "worker", 1)
+        named = chief.wait_for(r"straggler: (.*)").group(0)
+        url = chief.wait_for(r"metrics on (\S+)").group(1)
+        with urllib.request.urlopen(url, timeout=30) as page:
+            exported = page.read().decode()
+        stopped = time.monotonic()
+        os.kill(slow.proc.pid, signal.SIGSTOP)
+        stall = chief.wait_for(r"no step has finished for .*", timeout=60).group(0)
+        stall_after = time.monotonic() - stopped
+        os.kill(slow.proc.pid, signal.SIGCONT)
+        cluster.finish()
+    finally:
+        cluster.stop()
+    print(named, stall, f"(after {stall_after:.1f} s)", sep="\n")
+    worker1 = f"worker 1 at {cluster.workers[1]}"
+    assert named.startswith(f"straggler: {worker1} takes ") and "mostly input" in named
+    assert "straggler: worker 0" not in chief.stderr
+    series = rf'towers_straggler\{{[^}}]*peer="{re.escape(worker1)}"[^}}]*\}} 1\.0'
+    assert re.search(series, exported)
+    assert stall.startswith(f"no step has finished for {WARNING_SECS} s "
+                            f"(train.stall_warning_secs: {WARNING_SECS}): workers not "
+                            f"reporting: {worker1} (silent for ")
+    assert "worker 0 at" not in stall
+    assert stall_after < WARNING_SECS + 5  # the promise: named within the warning time
+    assert "steps go on again after" in chief.stderr
+    results = {name: last_json(cluster.tasks[name].stdout) for name in ("chief", "worker1")}
+    assert all(r["global_step"] >= 80 and set(r["step_phases"]) ==
+               {"input", "compute", "exchange", "apply"} for r in results.values())
+    print({name: r["step_phases"] for name, r in results.items()})
+    # Its own input wait is the slow worker's, whatever the stop did to the rest.
+    assert results["worker1"]["step_phases"]["input"] > results["chief"]["step_phases"]["input"]
+    assert all("advice: " in cluster.tasks[name].stderr for name in results)
+    # Each worker's timeline, merged: one process row each, every phase, on one clock.
+    files = [str(tmp_path / f"tl.worker{i}.json") for i in (0, 1)]
+    merged = run_in_process("timeline", "merge", *files, "--out", str(tmp_path / "job.json"))
+    assert merged.returncode == 0, merged.stderr
+    events = json.loads((tmp_path / "job.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert sorted(names.values()) == ["worker0", "worker1"]
+    phases = {(names[e["pid"]], e["cat"]) for e in events if e["ph"] == "X"}
+    assert {("worker1", "input"), ("worker0", "exchange"), ("worker1", "compute")} <= phases

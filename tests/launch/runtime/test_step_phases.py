@@ -1,0 +1,156 @@
+"""Step phases: each step's wall time split into input wait, compute, exchange and apply,
+from sampled step statistics, shown in the progress line, the result, the metrics and one
+line of advice that follows the measured shares."""
+
+import re
+
+import pytest
+import tensorflow as tf
+from prometheus_client import generate_latest
+from tensorflow.core.framework.step_stats_pb2 import StepStats
+from tower_helpers import momentum, tiny_classifier
+
+import towers
+from launch import metrics
+from launch.config import from_dict
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, split_step
+from launch.runtime.train import train
+
+V1 = tf.compat.v1
+SHARES = re.compile(r"input (\d+)% compute (\d+)% exchange (\d+)% apply (\d+)%")
+
+
+def stats(*nodes) -> StepStats:
+    """nodes: (device, name, op type, start, end) in microseconds."""
+    step = StepStats()
+    devices = {}
+    for device, name, op, start, end in nodes:
+        if device not in devices:
+            devices[device] = step.dev_stats.add(device=device)
+        node = devices[device].node_stats.add(node_name=name, all_start_micros=start,
+                                              all_end_rel_micros=end - start)
+        node.timeline_label = f"{name} = {op}(a)"
+    return step
+
+
+def test_a_step_splits_by_what_runs_and_compute_wins_where_phases_overlap():
+    step = stats(("cpu:0", "IteratorGetNext", "IteratorGetNext", 1000, 1030),
+                 ("cpu:0", "tower_0/dense/MatMul", "MatMul", 1030, 1080),
+                 ("cpu:1", "aggregate/AddN", "AddN", 1070, 1085),  # 10 under compute
+                 ("cpu:0", "Momentum/update_w", "ApplyMomentum", 1090, 1100))
+    shares = split_step(step, gaps_to="exchange")  # 1085..1090 runs nothing: a wait
+    assert shares == pytest.approx({"input": 0.3, "compute": 0.5, "exchange": 0.1, "apply": 0.1})
+    assert split_step(step)["compute"] == pytest.approx(0.55)  # one process: gaps are compute
+    assert split_step(StepStats()) == {}
+
+
+def test_steps_before_the_first_sample_are_charged_in_its_shares():
+    seen = []
+    phases = StepPhases(seen.append)
+    phases.add(1.0)
+    phases.add(1.0, {"input": 0.5, "compute": 0.5, "exchange": 0.0, "apply": 0.0})
+    phases.add(2.0)
+    assert phases.total == {"input": 2.0, "compute": 2.0, "exchange": 0.0, "apply": 0.0}
+    assert sum(sum(s.values()) for s in seen) == pytest.approx(4.0)
+    assert phases.take_window() == {"input": 0.5, "compute": 0.5, "exchange": 0.0, "apply": 0.0}
+    assert phases.take_window() == {}
+
+
+@pytest.mark.parametrize("shares, expected, names", [
+    ({"input": 0.31, "compute": 0.52, "exchange": 0.14, "apply": 0.03}, "input",
+     ["data.num_parallel_calls", "TFRecords"]),
+    ({"input": 0.02, "compute": 0.40, "exchange": 0.55, "apply": 0.03}, "exchange",
+     ["towers.variable_update", "towers.gradient_dtype"]),
+    ({"input": 0.10, "compute": 0.80, "exchange": 0.08, "apply": 0.02}, "compute",
+     ["towers.precision", "towers.xla"]),
+    ({"input": 0.00, "compute": 0.60, "exchange": 0.00, "apply": 0.40}, "apply",
+     ["towers.param_device"]),
+])
+def test_the_advice_names_the_measured_bottleneck_and_its_settings(shares, expected, names):
+    assert bottleneck(shares) == expected
+    line = advice(shares)
+    assert line.startswith(f"{expected}-bound ({round(100 * shares[expected])}% of the step")
+    assert all(name in line for name in names)
+
+
+def test_a_slow_input_pipeline_is_measured_as_input_wait():
+    def slow(x, y):  # a few large matmuls per example: the pipeline, not the model, is slow
+        m = tf.fill([300, 300], 0.001) + x[0]  # from the example: nothing to fold
+        for _ in range(4):
+            m = tf.matmul(m, m)
+        return x + tf.reduce_sum(m) * 0.0, y
+
+    with tf.Graph().as_default():
+        dataset = tf.data.Dataset.from_tensors((tf.zeros([4]), tf.constant(0))).repeat()
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False  # no batch made ahead
+        dataset = dataset.map(slow, num_parallel_calls=1).batch(8).with_options(options)
+        features, labels = V1.data.make_one_shot_iterator(dataset).get_next()
+        ops = towers.build_train_op(tiny_classifier, features, labels, momentum(), ["/cpu:0"])
+        phases = StepPhases()
+        with V1.train.MonitoredTrainingSession(hooks=[StepPhaseHook(phases, 0.0)]) as sess:
+            for _ in range(6):
+                sess.run(ops.train_op)
+    shares = phases.shares()
+    assert shares["input"] > 0.5 and bottleneck(shares) == "input", shares
+
+
+def test_a_job_shows_its_phases_in_progress_lines_result_and_metrics(tmp_path):
+    raw = {"model": {"name": "mlp", "input_dim": 8, "hidden_units": [16], "num_classes": 2},
+           "data": {"source": "synthetic", "num_examples": 256}, "towers": {"devices": 2},
+           "train": {"batch_size": 32, "steps": 30, "log_every_steps": 10,
+                     "phase_sample_secs": 0, "checkpoint_dir": str(tmp_path)}}
+    lines = []
+    exporter = metrics.start(from_dict({"metrics": {"port": 0}}).metrics,
+                             metrics.Identity("train", 0, "test"), lines.append)
+    try:
+        result = train(from_dict(raw), exporter=exporter, write=lines.append)
+        text = generate_latest(exporter.registry).decode()
+    finally:
+        exporter.close(final_scrape=False)
+    progress = [line for line in lines if line.startswith("step ")]
+    assert len(progress) == 3 and all(SHARES.search(line) for line in progress)
+    for line in progress:  # rounded shares of one window add up to about 100%
+        assert abs(sum(map(int, SHARES.search(line).groups())) - 100) <= 2
+    assert set(result["step_phases"]) == {"input", "compute", "exchange", "apply"}
+    assert sum(result["step_phases"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert result["bottleneck"] in result["step_phases"]
+    went = [line for line in lines if line.startswith("where the step time went: ")]
+    assert len(went) == 1 and SHARES.search(went[0])
+    assert [line for line in lines if line.startswith(f"advice: {result['bottleneck']}-bound")]
+    exported = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'towers_step_phase_seconds_total\{[^}]*phase="(\w+)"[^}]*\} (\S+)', text)}
+    assert set(exported) == {"input", "compute", "exchange", "apply"}
+    step_sum = float(re.search(r"towers_step_seconds_sum\{[^}]*\} (\S+)", text).group(1))
+    # The phases divide each step's run time: together they are the steps' time. The
+    # metrics' timer also spans the hooks between the two (reading a traced step's
+    # statistics among them), a visible share of this model's ~3 ms steps.
+    assert sum(exported.values()) == pytest.approx(step_sum, rel=0.25)
+    assert re.search(r'towers_step_phase_seconds_total\{[^}]*job="train"', text)
+
+
+def test_transfers_a_remote_master_records_are_exchange():
+    step = stats(("ps:0", "RecvTensor", "", 0, 40), ("w:0", "tower_0/m/MatMul", "MatMul", 40, 100))
+    step.dev_stats[0].node_stats[0].timeline_label = "RecvTensor"  # no ' = op(...)'
+    assert split_step(step)["exchange"] == pytest.approx(0.4)
+
+
+def test_samples_that_cost_more_are_taken_less_often(monkeypatch):
+    import launch.runtime.step_phases as step_phases
+
+    monkeypatch.setattr(step_phases, "SAMPLE_BUDGET", 1e-6)  # any sample is too dear
+    sampled = []
+
+    class Counted(StepPhases):
+        def add(self, run_seconds, shares=None):
+            sampled.append(bool(shares))
+            super().add(run_seconds, shares)
+
+    with tf.Graph().as_default():
+        dataset = tf.data.Dataset.from_tensors((tf.zeros([8, 4]), tf.zeros([8], tf.int32)))
+        features, labels = V1.data.make_one_shot_iterator(dataset.repeat()).get_next()
+        ops = towers.build_train_op(tiny_classifier, features, labels, momentum(), ["/cpu:0"])
+        with V1.train.MonitoredTrainingSession(hooks=[StepPhaseHook(Counted(), 0.0)]) as sess:
+            for _ in range(20):
+                sess.run(ops.train_op)
+    assert sampled.index(True) == 1 and sum(sampled) == 1  # the second run; the next is far off
