@@ -182,7 +182,7 @@ def input_line(plan: Plan) -> str | None:
     files = data.resolve_files(cfg.path, cfg.source)
     mine = data.files_of_shard(files, plan.shard)
     if mine is None:
-        return (f"input: every {count}th record of the {len(files)} file(s) of "
+        return (f"input: every {data.ordinal(count)} record of the {len(files)} file(s) of "
                 f"{data_where(plan.job)} (reader {index + 1} of {count}; fewer files than readers)")
     shown = mine if len(mine) <= 4 else [*mine[:3], "...", mine[-1]]
     return (f"input: {len(mine)} of {len(files)} files (reader {index + 1} of {count}): "

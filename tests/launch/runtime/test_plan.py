@@ -9,7 +9,7 @@ import tensorflow as tf
 import towers
 from launch.config import from_dict
 from launch.errors import EXIT_BAD_INPUT
-from launch.runtime.plan import BatchSizeError, make_plan
+from launch.runtime.plan import BatchSizeError, input_line, make_plan
 from launch.runtime.train import build_training_graph
 
 SMALL = {"model": {"name": "mlp", "input_dim": 4, "hidden_units": [4]},
@@ -69,3 +69,12 @@ def test_the_global_step_is_where_the_update_mode_keeps_it(graph, towers_cfg, st
     ops, _, _ = build_training_graph(make_plan(job))
     assert ops.global_step.device == step_device
     assert tf.compat.v1.train.get_global_step() is ops.global_step
+
+
+@pytest.mark.parametrize("readers, said", [(2, "every 2nd record"), (3, "every 3rd record")])
+def test_a_reader_of_a_share_of_one_file_is_told_which_records(tmp_path, readers, said):
+    (tmp_path / "one.tfrecord").write_bytes(b"")  # what the line says needs only its name
+    job = from_dict({"data": {"source": "tfrecord", "path": str(tmp_path / "one.tfrecord")}})
+    plan = dataclasses.replace(make_plan(from_dict({})), job=job, shard=(1, readers))
+    assert input_line(plan).startswith(f"input: {said} of the 1 file(s) of ")
+    assert f"(reader 2 of {readers}; fewer files than readers)" in input_line(plan)
