@@ -2,8 +2,9 @@
 time (its input is slow, the chief's is not): the chief names worker 1, and no other, a
 straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for longer
 than train.stall_warning_secs, and the chief names it as what its step waits for, within
-the warning time and a few seconds; continued (SIGCONT), the job finishes and every task
-exits 0, each saying where its step time went."""
+the warning time and a few seconds; continued (SIGCONT), steps go on, and SIGTERM to every
+task ends each with 0, each saying where its step time went. The job has no end of its
+own: on a fast machine a bounded one could finish before the straggler is judged."""
 
 import json
 import os
@@ -36,7 +37,8 @@ JOB = ["--set", "model.name=convnet", "--set", "model.channels=3",
        "--set", "data.schema=imagenet", "--set", "data.image.augment=false",
        "--set", "data.num_parallel_calls=1", "--set", "data.threads=1",
        "--set", "towers.devices=1", "--set", "train.batch_size=32",
-       "--set", "train.steps=80", "--set", "train.sync=true", "--set", "train.log_every_steps=40",
+       "--set", "train.steps=1000000", "--set", "train.sync=true",
+       "--set", "train.log_every_steps=40",
        "--set", f"train.stall_warning_secs={WARNING_SECS}", "--set", "train.phase_sample_secs=0.2",
        "--set", "train.straggler_steps=20", "--set", "metrics.port=0"]
 
@@ -62,6 +64,9 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
         stall = chief.wait_for(r"no step has finished for .*", timeout=60).group(0)
         stall_after = time.monotonic() - stopped
         os.kill(slow.proc.pid, signal.SIGCONT)
+        chief.wait_for(r"steps go on again after")
+        for task in cluster.tasks.values():
+            task.proc.terminate()
         cluster.finish()
     finally:
         cluster.stop()
@@ -76,9 +81,8 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
                             f"reporting: {worker1} (silent for ")
     assert "worker 0 at" not in stall
     assert stall_after < WARNING_SECS + 5  # the promise: named within the warning time
-    assert "steps go on again after" in chief.stderr
     results = {name: last_json(cluster.tasks[name].stdout) for name in ("chief", "worker1")}
-    assert all(r["global_step"] >= 80 and set(r["step_phases"]) ==
+    assert all(r["stopped_by"] == "signal" and set(r["step_phases"]) ==
                {"input", "compute", "exchange", "apply"} for r in results.values())
     print({name: r["step_phases"] for name, r in results.items()})
     # Its own input wait is the slow worker's, whatever the stop did to the rest.
