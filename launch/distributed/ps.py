@@ -61,6 +61,21 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     shutdown grace if shorter): the chief's final checkpoint reads every variable
     from the ps tasks, so a ps that left at once would lose it.
     """
+    # Stop signals are caught from before the server starts: workers may be up (and be
+    # signalled with it) while this task is still starting.
+    with StopSignals() as stop:
+        reported = _serve(job, task, stop, write)
+    # Done serving: local-cluster forwards a stop once the workers are gone, which can
+    # arrive while this task is already shutting down.
+    ignore_from_now()
+    write("job finished; shutting down" if not stop else "stopped on signal")
+    record = {"job": "ps", "task": task.task_index, "workers_reported": reported}
+    return {**record, "stopped_by": "signal"} if stop else record
+
+
+def _serve(job: JobConfig, task: Task, stop: StopSignals, write: Callable[[str], None]) -> int:
+    """Serve the workers until all have reported finished or the end rules say stop;
+    return how many reported."""
     config = V1.ConfigProto(device_filters=[task.device])
     server = start_server(task, config, write)
     graph = tf.Graph()
@@ -71,7 +86,7 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
     poll = V1.RunOptions(timeout_in_ms=500)
     workers = Liveness(_workers_by_rank(task), ps_rule(job.cluster), write)
     ending = _Ending(job.cluster, workers, write)
-    with StopSignals() as stop, V1.Session(server.target, graph=graph, config=config) as sess:
+    with V1.Session(server.target, graph=graph, config=config) as sess:
         while len(reported) < task.num_workers:
             try:
                 reported.add(int(sess.run(dequeue, options=poll)))
@@ -81,12 +96,7 @@ def _run_ps(job: JobConfig, task: Task, write: Callable[[str], None]) -> dict:
             missing = sorted(set(range(task.num_workers)) - reported)
             if missing and ending.should_end(missing, first_report, stop.received):
                 break
-    # Done serving: local-cluster forwards a stop once the workers are gone, which can
-    # arrive while this task is already shutting down.
-    ignore_from_now()
-    write("job finished; shutting down" if not stop else "stopped on signal")
-    record = {"job": "ps", "task": task.task_index, "workers_reported": len(reported)}
-    return {**record, "stopped_by": "signal"} if stop else record
+    return len(reported)
 
 
 class _Ending:
