@@ -22,10 +22,17 @@ from collections.abc import Callable
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+_ignoring = False  # set by ignore_from_now, for the rest of the process
+
+
 def ignore_from_now() -> None:
     """For a process whose work is done and which is only ending: a stop request has
     nothing left to stop, and the default action would kill it mid-shutdown with
-    -SIGTERM, which a launcher or an orchestrator reports as a failure."""
+    -SIGTERM, which a launcher or an orchestrator reports as a failure. It holds for
+    the rest of the process: a StopSignals block left later (the command's own, around
+    everything) restores no handler over it."""
+    global _ignoring
+    _ignoring = True
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
@@ -85,7 +92,7 @@ class StopSignals:
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if _ignoring else handler)
         self._previous = {}
 
 

@@ -75,16 +75,21 @@ def test_without_a_stop_a_blocked_step_is_left_alone(graph):
     assert blocked
 
 
-def test_a_process_done_with_its_work_outlives_a_late_stop_request():
+def test_a_process_done_with_its_work_outlives_a_late_stop_request(monkeypatch):
     # A ps that has served its last worker is only shutting down when local-cluster's
     # forwarded SIGTERM arrives; the default action would report it killed (-SIGTERM).
-    from launch.runtime.signals import STOP_SIGNALS, ignore_from_now
+    # The command's own StopSignals, left after that, must not bring the default back.
+    from launch.runtime import signals as signals_module
+    from launch.runtime.signals import STOP_SIGNALS, StopSignals, ignore_from_now
 
+    monkeypatch.setattr(signals_module, "_ignoring", False)  # put back for later tests
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     try:
-        ignore_from_now()
+        with StopSignals():
+            ignore_from_now()
         os.kill(os.getpid(), signal.SIGTERM)  # with the default action, pytest would die
         os.kill(os.getpid(), signal.SIGINT)
+        assert all(signal.getsignal(sig) == signal.SIG_IGN for sig in STOP_SIGNALS)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
