@@ -100,3 +100,18 @@ def write_corpus(path, lines: int = 200, seed: int = 0) -> str:
         text.append(" ".join(words))
     path.write_text("\n".join(text) + "\n")
     return str(path)
+
+
+def read_all(dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Every (features, labels) batch of a finite dataset, joined: what it gives, in order."""
+    from launch.data import input_tensors
+
+    features, labels = input_tensors(dataset)
+    out = []
+    with tf.compat.v1.Session() as session:
+        while True:
+            try:
+                out.append(session.run([features, labels]))
+            except tf.errors.OutOfRangeError:
+                break
+    return np.concatenate([x for x, _ in out]), np.concatenate([y for _, y in out])

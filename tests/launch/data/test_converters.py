@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from data_helpers import (
     class_images,
     encode,
+    read_all,
     write_cifar10,
     write_corpus,
     write_image_folder,
@@ -17,7 +17,7 @@ from data_helpers import (
 
 import models
 from launch.config import from_dict
-from launch.data import DataError, check_source, input_tensors, make_dataset, resolve_input_spec
+from launch.data import DataError, check_source, make_dataset, resolve_input_spec
 from launch.data.converters import ConvertOptions, convert_files, shard_names
 from launch.data.converters.text import read_vocab
 
@@ -30,15 +30,7 @@ def _read_back(summary, spec=None, batch=None, **data_keys):
     check_source(cfg.source, spec, cfg.path, schema=cfg.schema)
     dataset = make_dataset(cfg.source, spec, batch or summary.examples, path=cfg.path,
                            schema=cfg.schema, image=cfg.image, training=False, repeat=False)
-    features, labels = input_tensors(dataset)
-    out = []
-    with tf.compat.v1.Session() as session:
-        while True:
-            try:
-                out.append(session.run([features, labels]))
-            except tf.errors.OutOfRangeError:
-                break
-    return np.concatenate([x for x, _ in out]), np.concatenate([y for _, y in out])
+    return read_all(dataset)
 
 
 def _examples(images: np.ndarray, labels: np.ndarray) -> set:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from data_helpers import read_all
 
 from launch.config import load_job
 from launch.data import (
@@ -13,7 +14,6 @@ from launch.data import (
     SkippedRecords,
     check_source,
     csv_table,
-    input_tensors,
     load_arrays,
     make_dataset,
     resolve_input_spec,
@@ -62,15 +62,7 @@ def _error(path, spec=TABLE, **kwargs) -> str:
 
 
 def _read(dataset) -> tuple[np.ndarray, np.ndarray]:
-    features, labels = input_tensors(dataset)
-    out = []
-    with tf.compat.v1.Session() as session:
-        while True:
-            try:
-                out.append(session.run([features, labels]))
-            except tf.errors.OutOfRangeError:
-                break
-    return np.concatenate([x for x, _ in out]), np.concatenate([y for _, y in out])
+    return read_all(dataset)
 
 
 # ------------------------------------------------------------------- classes
