@@ -29,6 +29,7 @@ from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
 from launch.distributed.liveness import not_answering
 from launch.distributed.server import start_server
 from launch.distributed.step_deadline import StepDeadline, stuck_step
+from launch.distributed.stop_vote import StopVoteHook
 from launch.errors import PeerUnavailable
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
@@ -160,32 +161,6 @@ class BroadcastHook(V1.train.SessionRunHook):
         session.run(self._sync_op)
 
 
-class StopVoteHook(V1.train.SessionRunHook):
-    """A stop signal on any worker stops every worker after the same step.
-
-    Each step all-reduces every worker's vote (1 once a stop signal arrived, else 0);
-    all of them see the sum after that step and stop there, so no worker is left
-    waiting in a step the others never take. The chief's checkpoint hook then saves.
-    """
-
-    def __init__(self, stop: StopSignals, group: towers.CollectiveGroup):
-        self._stop, self._group = stop, group
-        self._vote = self._job_votes = None
-
-    def begin(self) -> None:
-        with tf.device(self._group.device), tf.name_scope("stop_vote"):
-            self._vote = V1.placeholder_with_default(0.0, [], name="vote")
-            self._job_votes = self._group.all_reduce_sum(self._vote)
-
-    def before_run(self, run_context):
-        vote = 1.0 if self._stop else 0.0
-        return V1.train.SessionRunArgs(self._job_votes, feed_dict={self._vote: vote})
-
-    def after_run(self, run_context, run_values) -> None:
-        if run_values.results > 0:
-            run_context.request_stop()
-
-
 class CollectiveRole(Role):
     """A worker of a collective job: its own session on its own server; every worker
     initialises its copy, the chief alone restores and writes."""
@@ -216,7 +191,7 @@ class CollectiveRole(Role):
                 "holds up all of them")
 
     def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
-        return StopVoteHook(stop, self._group)
+        return StopVoteHook(stop, self._group.all_reduce_sum, self._group.device)
 
     def finish(self, result: dict) -> dict:
         return {**result, "job": self._task.job_name, "task": self._task.task_index,

@@ -26,10 +26,13 @@ from launch import metrics
 from launch.config import JobConfig
 from launch.devices import DeviceError
 from launch.distributed.rank_reports import RankReports, rendezvous_url
+from launch.distributed.stop_vote import StopVoteHook
+from launch.distributed.stragglers import StragglerWatch
 from launch.errors import BadInput
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.role import Role
+from launch.runtime.signals import StopSignals
 from launch.runtime.train import train as train_job
 
 V1 = tf.compat.v1
@@ -175,11 +178,15 @@ class HorovodRole(Role):
     """A Horovod rank: initialises its own variables, rank 0 alone writes, and every
     rank receives rank 0's variables once the session starts."""
 
-    def __init__(self, hvd: ModuleType, rank: Rank):
+    def __init__(self, hvd: ModuleType, rank: Rank, job: JobConfig,
+                 write: Callable[[str], None], exporter: metrics.Exporter | None):
         super().__init__(writes=rank.rank == 0, label=f"rank{rank.rank}")
         self._hvd, self._rank = hvd, rank
         url = rendezvous_url()
-        self._reports = RankReports(url, rank.rank, rank.size) if url else None
+        cfg = job.train
+        stragglers = StragglerWatch(cfg.straggler_ratio, cfg.straggler_steps, write,
+                                    exporter) if rank.rank == 0 else None
+        self._reports = RankReports(url, rank.rank, rank.size, stragglers) if url else None
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
         # First, so every rank holds rank 0's global step before any hook reads it: a
@@ -188,7 +195,18 @@ class HorovodRole(Role):
 
     def hooks(self, ops: towers.TrainOps, data_end,
               phases=None) -> list[V1.train.SessionRunHook]:
-        return [self._reports] if self._reports is not None else []
+        if self._reports is None:
+            return []
+        if phases is not None:
+            phases.listen(self._reports.times.on_phases)
+        return [self._reports]
+
+    def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
+        """Every rank stops after the same step: horovodrun signals each rank on its own,
+        and a rank stopping a step early would leave the others in an all-reduce it
+        never joins (Horovod then shuts down with an error)."""
+        hvd = self._hvd
+        return StopVoteHook(stop, lambda vote: hvd.allreduce(vote, op=hvd.Sum))
 
     def stall_cause(self) -> str:
         silent = self._reports.silent() if self._reports is not None else []
@@ -217,7 +235,7 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
         plan = rank_plan(job, rank, hvd)
         write(f"horovod {version()}: rank {rank.rank} of {rank.size}, "
               f"{plan.batch_size} of every {job.train.batch_size} examples")
-        role = HorovodRole(hvd, rank)
+        role = HorovodRole(hvd, rank, job, write, exporter)
         return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
 
 

@@ -3,39 +3,32 @@ from it: which workers have stopped reporting (a stall), and which is a straggle
 
 Every worker owns a small variable on ps 0 (`towers_worker_report_<rank>`, five
 float64s) and rewrites it once a second from a thread of its own, with a session run
-of its own: when it wrote, how many steps it has finished, and the medians over its
-last WINDOW steps of its own time per step (input wait plus compute plus apply: its step without the
-exchange, in which a synchronous worker waits for the others), input wait and compute.
-No extra port and nothing in the checkpoints: the variables are in no collection, and
-each worker initialises the ones it finds uninitialised.
+of its own: when it wrote, how many steps it has finished, and its recent own time per
+step, input wait and compute (launch/distributed/stragglers.py's `OwnTimes`). No extra
+port and nothing in the checkpoints: the variables are in no collection, and each
+worker initialises the ones it finds uninitialised.
 
-The chief reads them all once a second: a worker whose own time per step has been at
-least `train.straggler_ratio` times the median of the others' for
-`train.straggler_steps` of the chief's steps is named, with whether it waits on input or
-on compute, once, and again when it catches up; `towers_straggler{peer=...}` says 1
-while it is one. Any worker reads them when its steps stall (launch/runtime/stall.py).
+The chief reads them all once a second and names stragglers by stragglers.py's rule.
+Any worker reads them when its steps stall (launch/runtime/stall.py).
 """
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
 
 from launch.distributed.cluster_spec import Task
+from launch.distributed.stragglers import OwnTimes, StragglerWatch
 
 V1 = tf.compat.v1
 
 PUBLISH_EVERY_SECS = 1.0
 SILENT_AFTER_SECS = 2.5  # a worker that has not written for this long is not reporting
 RPC_TIMEOUT_MS = 3000
-WINDOW = 50  # steps: medians ignore the odd long step (a stall, a checkpoint)
-ALIVE_AT, STEPS, OWN, INPUT, COMPUTE = range(5)
+ALIVE_AT, STEPS, TIMES = 0, 1, slice(2, 5)  # a row: then own, input, compute (OwnTimes)
 
 
 def worker_names(task: Task) -> list[str]:
@@ -114,58 +107,14 @@ def stall_cause(reports: PeerReports, session, sync: bool) -> str:
     return "every worker reports; the step waits inside TensorFlow (a ps busy or slow)"
 
 
-class Straggler:
-    """Whether one worker's own time per step is a clear margin over the others'."""
-
-    def __init__(self, ratio: float, steps: int):
-        self.ratio, self.steps = ratio, steps
-        self.since: dict[int, int] = {}  # worker -> the chief's step count when it began
-        self.named: set[int] = set()
-
-    def judge(self, rows: np.ndarray, chief_steps: int) -> tuple[list[int], list[int]]:
-        """(workers newly named stragglers, workers no longer stragglers)."""
-        new, recovered = [], []
-        for i, row in enumerate(rows):
-            others = [r[OWN] for j, r in enumerate(rows) if j != i and r[OWN] > 0]
-            slow = bool(others) and row[OWN] >= self.ratio * statistics.median(others)
-            if not slow:
-                self.since.pop(i, None)
-                if i in self.named:
-                    self.named.discard(i)
-                    recovered.append(i)
-                continue
-            began = self.since.setdefault(i, chief_steps)
-            if i not in self.named and chief_steps - began >= self.steps:
-                self.named.add(i)
-                new.append(i)
-        return new, recovered
-
-
-def straggler_line(rows: np.ndarray, names: list[str], i: int) -> str:
-    others = statistics.median(r[OWN] for j, r in enumerate(rows) if j != i and r[OWN] > 0)
-    row = rows[i]
-    waits = "input" if row[INPUT] >= row[COMPUTE] else "compute"
-    return (f"straggler: {names[i]} takes {row[OWN] / others:.1f}x the others' median time "
-            f"of its own per step ({row[OWN]:.3f} s against {others:.3f} s), mostly "
-            f"{waits} ({row[INPUT]:.3f} s input wait, {row[COMPUTE]:.3f} s compute)")
-
-
 class PeerReportHook(V1.train.SessionRunHook):
-    """Publishes this worker's report once a second; on the chief, names stragglers.
+    """Publishes this worker's report once a second; on the chief, `stragglers` judges
+    every worker's. `times.on_phases` listens to this worker's step phases."""
 
-    on_straggler: called with (peer name, 1 or 0) as a worker becomes or stops being one.
-    """
-
-    def __init__(self, reports: PeerReports, straggler: Straggler | None,
-                 write: Callable[[str], None],
-                 on_straggler: Callable[[str, int], None] | None = None):
+    def __init__(self, reports: PeerReports, stragglers: StragglerWatch | None):
         self.reports = reports
-        self._straggler = straggler
-        self._write = write
-        self._on_straggler = on_straggler
-        self._row = np.zeros(5)
-        self._recent: deque[tuple[float, float, float]] = deque(maxlen=WINDOW)
-        self._steps = 0
+        self.times = OwnTimes()
+        self._stragglers = stragglers
         self.session = None
         self._ended = threading.Event()
         self._thread: threading.Thread | None = None
@@ -180,38 +129,18 @@ class PeerReportHook(V1.train.SessionRunHook):
             self._thread = threading.Thread(target=self._loop, name="PeerReports", daemon=True)
             self._thread.start()
 
-    def on_phases(self, seconds: Mapping[str, float]) -> None:
-        """One finished step's seconds per phase (StepPhases' listener)."""
-        self._steps += 1
-        own = seconds["input"] + seconds["compute"] + seconds["apply"]
-        self._recent.append((own, seconds["input"], seconds["compute"]))
-        row = self._row.copy()  # replaced whole: the publishing thread reads it
-        row[[OWN, INPUT, COMPUTE]] = np.median(np.array(self._recent), axis=0)
-        row[STEPS] = self._steps
-        self._row = row
-
     def end(self, session) -> None:
         self._ended.set()
 
     def _loop(self) -> None:
         while not self._ended.wait(PUBLISH_EVERY_SECS):
-            row = self._row.copy()
-            row[ALIVE_AT] = time.time()
+            row = np.zeros(5)
+            row[ALIVE_AT], row[STEPS], row[TIMES] = time.time(), self.times.steps, \
+                self.times.medians
             try:
                 self.reports.publish(self.session, row)
-                if self._straggler is not None:
-                    self._judge(self.reports.read(self.session))
+                if self._stragglers is not None:
+                    rows = self.reports.read(self.session)
+                    self._stragglers.look(rows[:, TIMES], self.reports.names, self.times.steps)
             except (tf.errors.OpError, RuntimeError):
                 continue  # ps 0 not answering: the ps watch and the stall watch say so
-
-    def _judge(self, rows: np.ndarray) -> None:
-        new, recovered = self._straggler.judge(rows, self._steps)
-        for i in new:
-            self._write(straggler_line(rows, self.reports.names, i))
-        for i in recovered:
-            self._write(f"straggler no more: {self.reports.names[i]} keeps up again")
-        if self._on_straggler is not None:
-            for i in new:
-                self._on_straggler(self.reports.names[i], 1)
-            for i in recovered:
-                self._on_straggler(self.reports.names[i], 0)

@@ -13,8 +13,9 @@ from launch.distributed import sync_replicas
 from launch.distributed.chief_wait import wait_for_chief
 from launch.distributed.cluster_spec import Task
 from launch.distributed.ending import JobEndHook, report_finished, tell_diverged
-from launch.distributed.peer_reports import PeerReportHook, PeerReports, Straggler, stall_cause
+from launch.distributed.peer_reports import PeerReportHook, PeerReports, stall_cause
 from launch.distributed.step_deadline import StepDeadline
+from launch.distributed.stragglers import StragglerWatch
 from launch.log import log
 from launch.runtime.role import Role
 
@@ -69,18 +70,10 @@ class WorkerRole(Role):
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""
         cfg = self._job.train
-        straggler = Straggler(cfg.straggler_ratio, cfg.straggler_steps) if self.is_chief else None
-        on_straggler = None
-        if self._exporter is not None and straggler is not None:
-            gauge = self._exporter.gauge(
-                "towers_straggler", "1 while the chief names this worker a straggler",
-                ["peer"])
-
-            def on_straggler(peer: str, value: int) -> None:
-                gauge.labels(peer).set(value)
-        self._reports = PeerReportHook(PeerReports(self._task), straggler, self._write,
-                                       on_straggler)
-        phases.listen(self._reports.on_phases)
+        stragglers = StragglerWatch(cfg.straggler_ratio, cfg.straggler_steps, self._write,
+                                    self._exporter) if self.is_chief else None
+        self._reports = PeerReportHook(PeerReports(self._task), stragglers)
+        phases.listen(self._reports.times.on_phases)
         return self._reports
 
     def stall_cause(self) -> str:
