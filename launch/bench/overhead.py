@@ -6,7 +6,8 @@ Each job is built twice in one process, as `towers train` builds it (input
 pipeline, towers, ProgressHook): once without metrics, once with the metrics
 hook and an exporter that a separate process scrapes every `--scrape-every`
 seconds while (and only while) the metrics case runs. Blocks of steps alternate
-off/on (A B A B ...) after warm-up, so drift on a shared machine hits both alike.
+off/on after warm-up (`interleave`: A B, B A, ...), so drift on a shared machine hits
+both alike.
 Reports the median steps/sec of each case with min and max, and the overhead:
 1 - (median of each round's on/off ratio).
 """
@@ -19,6 +20,8 @@ import os
 import statistics
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from launch.log import use_graph_mode
@@ -43,6 +46,16 @@ def scrape_while(url: str, active, stop, every: float) -> None:
             except OSError:
                 pass
             stop.wait(every)
+
+
+@contextmanager
+def scraping(active) -> Iterator[None]:
+    """The scraper process scrapes while inside."""
+    active.set()
+    try:
+        yield
+    finally:
+        active.clear()
 
 
 @dataclass
@@ -85,6 +98,20 @@ def time_block(case: Case, steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
+def interleave(off: Case, on: Case, rounds: int, steps: int, warmup: int,
+               around_on: Callable[[], AbstractContextManager] = nullcontext) -> None:
+    """Warm both cases up, then `rounds` pairs of timed blocks of `steps` steps, the
+    pair's order alternating (off on, on off, ...) so a machine speeding up or slowing
+    down within a pair favours neither; appends each block's steps/sec to case.rates.
+    around_on: a context entered around every block of the `on` case."""
+    for case in (off, on):
+        time_block(case, warmup)
+    for index in range(rounds):
+        for case in (off, on) if index % 2 == 0 else (on, off):
+            with around_on() if case is on else nullcontext():
+                case.rates.append(time_block(case, steps))
+
+
 def measure_job(name: str, args) -> list[str]:
     """Interleaved off/on blocks of one job; returns its report rows."""
     from launch import metrics
@@ -101,13 +128,8 @@ def measure_job(name: str, args) -> list[str]:
                                 args=(exporter.url, active, stop, args.scrape_every))
         scraper.start()
         try:
-            for case in (off, on):
-                time_block(case, args.warmup)
-            for _ in range(args.rounds):
-                off.rates.append(time_block(off, args.steps))
-                active.set()
-                on.rates.append(time_block(on, args.steps))
-                active.clear()
+            interleave(off, on, args.rounds, args.steps, args.warmup,
+                       around_on=lambda: scraping(active))
         finally:
             stop.set()
             scraper.join(timeout=10)

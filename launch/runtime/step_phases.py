@@ -181,6 +181,8 @@ class StepPhaseHook(V1.train.SessionRunHook):
         self._sampling = False
         self._started = 0.0
         self._untraced = 0.0  # a recent untraced run's time
+        self.samples = 0
+        self.traced_extra_secs = 0.0  # what tracing added to the sampled runs, all told
 
     def before_run(self, run_context):
         self._started = time.perf_counter()
@@ -199,7 +201,10 @@ class StepPhaseHook(V1.train.SessionRunHook):
         elif run_values.run_metadata is not None:
             shares = split_step(run_values.run_metadata.step_stats, self._gaps_to)
             reading = time.perf_counter() - self._started - seconds
-            cost = max(seconds - self._untraced, 0.0) + reading
+            extra = max(seconds - self._untraced, 0.0)
+            self.samples += 1
+            self.traced_extra_secs += extra
+            cost = extra + reading
             self._next_sample = self._started + max(self._every, cost / SAMPLE_BUDGET)
         self._phases.add(seconds, shares)
 
