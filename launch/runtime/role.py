@@ -58,10 +58,10 @@ class Role:
         collective job's workers agree on the step first)."""
         return StopOnSignalHook(stop, self.unblock_op())
     def stall_cause(self) -> str:
-        """What a step that has not finished for train.stall_warning_secs waits for,
-        asked from another thread while it waits."""
-        return ("this process's step is still running; with no peers to wait for, it "
-                "waits for its input (a source that gives no data) or its devices")
+        """What a step that has not finished for train.stall_warning_secs, and has got
+        its batch, waits for; asked from another thread while it waits."""
+        return ("the step has its batch and no peers to wait for: it waits for its "
+                "devices (the towers' compute, or a device that does not answer)")
 
     def before_session(self, config: V1.ConfigProto) -> None:
         """Runs once the graph is built, before the training session starts (a ps/worker

@@ -3,9 +3,11 @@ say what the process waits for, once and then at doubling intervals; after
 train.stall_abort_secs (when set) end the process with status 138.
 
 The main thread is inside the stuck session run by then (C++ that nothing
-interrupts), so a thread of the watch's own looks at the clock, asks the role what
-the step waits for (`cause`: which workers have stopped reporting, which ps does not
-answer, ...) and, to abort, ends the process itself (launch/hard_exit.py).
+interrupts), so a thread of the watch's own looks at the clock, asks what the step
+waits for and, to abort, ends the process itself (launch/hard_exit.py). A step that has
+not got its batch waits for its input, whatever the process (launch/runtime/
+input_watch.py); one past its input waits for what the role says (`cause`: its devices,
+which workers have stopped reporting, which ps does not answer, ...).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from launch.errors import Stalled, TowersError
+from launch.runtime.input_watch import batches_taken, waits_for_input
 
 V1 = tf.compat.v1
 
 LOOK_EVERY_SECS = 0.5
+NO_BATCH = ("the step waits for its input: the input pipeline has given it no batch (a "
+            "source that gives no data, or a reader that is stuck)")
 
 
 def stall_text(seconds: float, warning_secs: float, cause: str) -> str:
@@ -32,7 +37,8 @@ def stall_text(seconds: float, warning_secs: float, cause: str) -> str:
 class StallWatch(V1.train.SessionRunHook):
     """Watches the time since the last step finished (or the session started).
 
-    cause: what the step waits for, asked from the watch's thread while stalled.
+    cause: what a step past its input waits for, asked from the watch's thread while
+        stalled.
     abort: ends the process with the error (launch.hard_exit.exit_now).
     """
 
@@ -49,14 +55,22 @@ class StallWatch(V1.train.SessionRunHook):
         self._warned = False
         self._ended = threading.Event()
         self._thread: threading.Thread | None = None
+        self._taken: tf.Tensor | None = None
+        self._session = None
+        self._finished = 0  # steps of this session
+
+    def begin(self) -> None:
+        self._taken = batches_taken(V1.get_default_graph())
 
     def after_create_session(self, session, coord) -> None:
         self._last_end = time.monotonic()
+        self._session, self._finished = session, 0
         if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="StallWatch", daemon=True)
             self._thread.start()
 
     def after_run(self, run_context, run_values) -> None:
+        self._finished += 1
         now = time.monotonic()
         if self._warned:
             self._write(f"steps go on again after {now - self._last_end:.0f} s without one")
@@ -73,9 +87,15 @@ class StallWatch(V1.train.SessionRunHook):
             if self._abort_secs is not None and stalled >= self._abort_secs:
                 self._abort(Stalled(
                     f"train.stall_abort_secs: no step finished for {stalled:.0f} s; "
-                    f"{self._cause()}. Restart the job: training resumes from the "
+                    f"{self._what_it_waits_for()}. Restart the job: training resumes from the "
                     "last checkpoint"))
             if stalled >= self._next_warning:
                 self._warned = True
-                self._write(stall_text(stalled, self._warning, self._cause()))
+                self._write(stall_text(stalled, self._warning, self._what_it_waits_for()))
                 self._next_warning = 2 * max(stalled, self._warning)  # less often as it lasts
+
+    def _what_it_waits_for(self) -> str:
+        if self._taken is not None and self._session is not None and waits_for_input(
+                self._session, self._taken, self._finished):
+            return NO_BATCH
+        return self._cause()

@@ -25,6 +25,7 @@ from launch.runtime.hooks import (
     StopAtStepHook,
     nonfinite_stops,
 )
+from launch.runtime.input_watch import count_batches
 from launch.runtime.optim import batch_scale, learning_rate, make_optimizer
 from launch.runtime.plan import (
     Plan,
@@ -89,6 +90,7 @@ def build_training_graph(
         xla=job.towers.xla,
         batch_norm=job.towers.batch_norm,
     )
+    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
         model_vars = [

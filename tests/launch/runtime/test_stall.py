@@ -1,13 +1,16 @@
 """The stall watch: a step that has not finished for train.stall_warning_secs is named
 with what it waits for, at doubling intervals; after stall_abort_secs the process is
-ended with a retryable status (138); a step that then finishes says so."""
+ended with a retryable status (138); a step that then finishes says so. A step that has
+not got its batch is said to wait for its input; one that has, for what its process's
+role names (in one process, its devices)."""
 
 import threading
 
 import tensorflow as tf
 
 from launch.errors import EXIT_PEER_UNAVAILABLE, Stalled
-from launch.runtime.stall import StallWatch
+from launch.runtime.input_watch import count_batches
+from launch.runtime.stall import NO_BATCH, StallWatch
 
 V1 = tf.compat.v1
 
@@ -39,6 +42,45 @@ def test_a_blocked_step_is_named_then_named_less_often_then_aborted():
     assert str(error).startswith("train.stall_abort_secs: no step finished for ")
     assert "the input gives nothing" in str(error)
     assert lines[-1].startswith("steps go on again after ")
+
+
+def first_stall_line(make_step) -> str:
+    """The first warning about a step that blocks until the watch's abort lets it go.
+
+    make_step(release_queue) -> the step op: it blocks on release_queue's dequeue.
+    """
+    lines, feeders = [], []
+    with tf.Graph().as_default():
+        release = tf.queue.FIFOQueue(1, tf.float32)
+        step, feed = make_step(release), release.enqueue(1.0)
+        sessions = _Sessions()
+
+        def abort(error):
+            if not feeders:
+                feeders.append(threading.Thread(target=sessions.last.run, args=(feed,)))
+                feeders[0].start()
+
+        watch = StallWatch(0.3, 1.0, lambda: "its devices", lines.append, abort)
+        with V1.train.MonitoredSession(hooks=[sessions, watch]) as session:
+            session.run(step)
+            feeders[0].join()
+    return next(line for line in lines if line.startswith("no step has finished"))
+
+
+def test_a_step_without_its_batch_waits_for_its_input():
+    def step(release):
+        batch = release.dequeue()  # the input pipeline: nothing until the abort
+        return tf.group(batch * 2.0, count_batches(batch, "/cpu:0"))
+
+    assert first_stall_line(step).endswith(f"): {NO_BATCH}")
+
+
+def test_a_step_with_its_batch_waits_for_what_the_role_names():
+    def step(release):
+        batch = tf.constant([1.0, 2.0])  # arrives at once; the compute then blocks
+        return tf.group(tf.reduce_sum(batch) + release.dequeue(), count_batches(batch, "/cpu:0"))
+
+    assert first_stall_line(step).endswith("): its devices")
 
 
 class _Sessions(V1.train.SessionRunHook):
