@@ -12,6 +12,9 @@ runs the warm-up, then answers requests over a pipe:
                           <-    peak RSS bytes so far
     ("cpu",)              ->
                           <-    CPU seconds (user + system) this process has used
+    ("profile", steps, dir) ->
+                          <-    {"trace": path} of a profiler trace of `steps` steps
+                                written under dir, or {"error": why not}
     ("stop",)             ->    returns
 """
 
@@ -85,8 +88,24 @@ def serve_case(spec: dict, conn) -> None:
         elif request[0] == "cpu":
             usage = resource.getrusage(resource.RUSAGE_SELF)
             conn.send(usage.ru_utime + usage.ru_stime)
+        elif request[0] == "profile":
+            conn.send(profile_case(case, request[1], request[2]))
         else:
             return
+
+
+def profile_case(case: BuiltCase, steps: int, logdir: str) -> dict:
+    """{"trace": path} of a profiler trace of `steps` steps of the case, written under
+    logdir where TensorBoard's profile plugin finds it, or {"error": why not}."""
+    from launch.runtime.profile import profiling, trace_files
+
+    try:
+        with profiling(logdir):
+            case.run(steps)
+    except RuntimeError as err:
+        return {"error": str(err)}
+    files = trace_files(logdir)
+    return {"trace": files[-1]} if files else {"error": "the profiler wrote no trace"}
 
 
 class CaseProcess:
@@ -122,6 +141,11 @@ class CaseProcess:
         """CPU time the row's process has used (its every thread), so far."""
         self.conn.send(("cpu",))
         return self._receive(60)
+
+    def profile(self, steps: int, logdir: str) -> dict:
+        """profile_case's answer, from the row's process."""
+        self.conn.send(("profile", steps, logdir))
+        return self._receive(RUN_TIMEOUT_SECS)
 
     def _receive(self, timeout: float):
         if not self.conn.poll(timeout):

@@ -31,6 +31,10 @@ INPUT_TOWERS = (1,)
 # row (each costs tens of seconds of process start-up on 2 cores).
 QUICK = {"towers": (1, 2), "steps": 10, "warmup": 5, "repeats": 3, "run_repeats": 1}
 
+# --profile: where without a directory, and how many steps of each row it traces.
+PROFILE_DIR = "runs/bench-profile"
+PROFILE_STEPS = 5
+
 # --memory without a count: steps of the long `towers train` run.
 MEMORY_STEPS = 5000
 
@@ -101,6 +105,7 @@ class Settings:
     run_repeats: whole runs per multi-process row (default: repeats), one in
     each of the first rounds. data_options: --input: the job's input pipeline keys
     (num_parallel_calls, prefetch, threads, shuffle_buffer) every input row uses.
+    profile: --profile: the directory for a profiler trace of each in-process row.
     """
 
     model: str
@@ -118,6 +123,7 @@ class Settings:
     data_options: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None
     job_dir: str | None = None
+    profile: str | None = None
 
 
 @dataclass
@@ -175,6 +181,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, metavar="N",
                         help="whole runs per ps_worker/horovod row (default: --repeats)")
     parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
+    parser.add_argument(
+        "--profile", nargs="?", const=PROFILE_DIR, metavar="DIR",
+        help=f"also a TensorFlow profiler trace of {PROFILE_STEPS} steps of each in-process "
+        f"row, after its timed blocks, a TensorBoard run per row under DIR (default "
+        f"{PROFILE_DIR}): tensorboard --logdir DIR, Profile tab (the profile extra)")
     parser.add_argument("--quick", action="store_true",
                         help=f"devices {','.join(map(str, QUICK['towers']))}, "
                         f"{QUICK['repeats']} blocks of {QUICK['steps']} steps, one run per "
@@ -218,6 +229,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
         data_options={key: getattr(job.data, key) for key in INPUT_PIPELINE_KEYS},
         model_path=job.model.path,
         job_dir=job.model.job_dir,
+        profile=args.profile,
     )
     check_settings(settings)
     check_installed(settings)

@@ -11,6 +11,7 @@ is timed between the rounds, for each row's share of this machine's peak FLOP/s.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable
 
 from launch.bench.case_process import CaseProcess, case_spec
@@ -25,7 +26,14 @@ from launch.bench.report import (
     write_outputs,
 )
 from launch.bench.runs import ClusterCase, horovod_missing
-from launch.bench.settings import IN_PROCESS_MODES, SINGLE, Row, Settings, check_settings
+from launch.bench.settings import (
+    IN_PROCESS_MODES,
+    PROFILE_STEPS,
+    SINGLE,
+    Row,
+    Settings,
+    check_settings,
+)
 
 
 def plan_rows(settings: Settings) -> list[Row]:
@@ -54,6 +62,8 @@ def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Ro
             for peak in peaks.values():
                 peak.time_block()
         _finish_rows(rows, cases, facts)
+        if settings.profile:
+            _profile_rows(rows, cases, settings, write)
     finally:
         processes = [case for case in cases.values() if isinstance(case, CaseProcess)]
         for case in processes:
@@ -76,6 +86,35 @@ def _finish_rows(rows: list[Row], cases: dict, facts: dict) -> None:
         row.flops_per_example = single["step_flops"] / single["batch"]
         if isinstance(cases.get(i), CaseProcess):
             row.peak_rss_bytes = cases[i].peak_rss()
+
+
+def _profile_rows(rows: list[Row], cases: dict, settings: Settings,
+                  write: Callable[[str], None]) -> None:
+    """A profiler trace of PROFILE_STEPS steps of each in-process row, after its timed
+    blocks, each under a directory of its own (a TensorBoard run); says where."""
+    from launch.runtime.profile import WHERE  # TensorFlow: not while the CLI parses
+
+    for i, case in cases.items():
+        row = rows[i]
+        if not isinstance(case, CaseProcess):
+            write(f"--profile: {row.mode} on {row.devices} devices is whole towers runs: "
+                  "profile one with --set train.profile_steps=[first,last]")
+            continue
+        name = "-".join([row.mode.replace(" ", "_"), str(row.devices),
+                         *([_slug(row.variant.label)] if len(settings.variants) > 1 else [])])
+        answer = case.profile(PROFILE_STEPS, os.path.join(settings.profile, name))
+        if "trace" in answer:
+            write(f"profile of {PROFILE_STEPS} steps of {row.mode} on {row.devices} "
+                  f"device(s) ({row.variant.label}): {answer['trace']}")
+        else:
+            write(f"--profile: {row.mode} on {row.devices} device(s) not profiled: "
+                  f"{answer['error']}")
+    write(f"profiles: tensorboard --logdir {settings.profile} ({WHERE})")
+
+
+def _slug(label: str) -> str:
+    """'mixed_bfloat16, xla' -> 'mixed_bfloat16_xla': a directory name."""
+    return "_".join(label.replace(",", " ").split())
 
 
 def _start_cases(settings: Settings, rows: list[Row], cases: dict, peaks: dict,

@@ -5,6 +5,7 @@ The figures themselves are never asserted: they depend on the machine and its lo
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def run_bench(*args: str, timeout: float = 420, env=None) -> subprocess.Complete
 def every_mode(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     result = run_bench(*SHORT, "--towers", "1,2", "--repeats", "2", "--runs", "1",
-                       "--out", str(out), env=loud_environment())
+                       "--out", str(out), "--profile", str(out / "profile"),
+                       env=loud_environment())
     assert result.returncode == 0, result.stderr[-3000:]
     return result, out
 
@@ -68,6 +70,25 @@ def test_every_mode_measures_a_rate_or_says_why_not(every_mode):
     for row in cells[:-1]:
         assert float(row[3]) > 0  # a rate was measured
     assert cells[-1][3].startswith("skipped: horovodrun is not on PATH")
+
+
+@pytest.mark.e2e
+def test_profile_writes_a_trace_of_each_in_process_row_where_tensorboard_finds_it(every_mode):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    result, out = every_mode
+    traces = dict(re.findall(r"towers: profile of 5 steps of (.+?) on \d device\(s\) "
+                             r"\(float32\): (\S+)", result.stderr))
+    assert set(traces) == {"1 device", "parameter_server", "replicated", "mirrored"}
+    for row, path in traces.items():
+        assert re.fullmatch(rf"{out}/profile/{row.replace(' ', '_')}-\d/plugins/profile/"
+                            r"[^/]+/[^/]+\.xplane\.pb", path)
+    space = xplane_pb2.XSpace.FromString(open(traces["parameter_server"], "rb").read())
+    ops = [m.name for plane in space.planes for m in plane.event_metadata.values()]
+    assert any("tower_1/" in name for name in ops)  # the second tower's ops were traced
+    assert "towers: --profile: ps_worker on 2 devices is whole towers runs: profile one " \
+        "with --set train.profile_steps=[first,last]" in result.stderr
+    assert f"towers: profiles: tensorboard --logdir {out / 'profile'} " in result.stderr
 
 
 @pytest.mark.e2e
