@@ -14,7 +14,9 @@ by default, or less often when a sample costs more than 1% of that).
    timing and bookkeeping), and on sampled steps what tracing added to the run plus
    reading the trace; the overhead a training job pays is then the plain cost per step
    over the step time plus the sample cost times the sample rate training uses (the A/B
-   blocks sample more often: time spent in `off` blocks counts towards the next sample).
+   blocks sample more often: time spent in `off` blocks counts towards the next sample),
+   from the mean sample cost (the median too: a loaded machine makes some traced runs
+   slower for reasons of its own).
 
 The metrics exporter's own overhead is `launch.bench.overhead`'s.
 """
@@ -51,6 +53,7 @@ class TimedHook:
         """Count from here (the timed blocks, not the warm-up)."""
         self.plain_secs = self.sampled_secs = self.traced_extra_secs = 0.0
         self.plain_steps = self.samples = 0
+        self.sample_costs: list[float] = []  # each sample's: its run over a plain one, reading
         self._extra_before = self.hook.traced_extra_secs
 
     def begin(self):
@@ -70,9 +73,11 @@ class TimedHook:
         self.hook.after_run(run_context, run_values)
         spent = self._spent + time.perf_counter() - start
         if run_values.run_metadata is not None and run_values.run_metadata.step_stats.dev_stats:
+            extra = self.hook.traced_extra_secs - self._extra_before - self.traced_extra_secs
+            self.sample_costs.append(spent + extra)
             self.sampled_secs += spent
             self.samples += 1
-            self.traced_extra_secs = self.hook.traced_extra_secs - self._extra_before
+            self.traced_extra_secs += extra
         else:
             self.plain_secs += spent
             self.plain_steps += 1
@@ -140,6 +145,7 @@ def measure_job(name: str, args) -> tuple[str, str]:
     plain_us = 1e6 * timed.plain_secs / timed.plain_steps
     samples = timed.samples
     sample_ms = 1e3 * (timed.sampled_secs + timed.traced_extra_secs) / max(samples, 1)
+    median_ms = 1e3 * statistics.median(timed.sample_costs or [0.0])
     trained_rate = min(1 / job.train.phase_sample_secs, SAMPLE_BUDGET / (sample_ms / 1e3))
     direct = plain_us / 1e6 / step_secs + sample_ms / 1e3 * trained_rate
     side = (f"| {name} | {args.rounds} x {steps} steps | {1 / step_secs:.2f} | "
@@ -147,7 +153,8 @@ def measure_job(name: str, args) -> tuple[str, str]:
             f"| {100 * (1 - high):+.2f}% to {100 * (1 - low):+.2f}% | "
             f"{samples / on_secs:.2f} |")
     row = (f"| {name} | {1e3 * step_secs:.1f} ms | {plain_us:.0f} µs "
-           f"({100 * plain_us / 1e6 / step_secs:.3f}%) | {sample_ms:.1f} ms | "
+           f"({100 * plain_us / 1e6 / step_secs:.3f}%) | {sample_ms:.1f} ms "
+           f"(median {median_ms:.1f}) | "
            f"{trained_rate:.2f}/s | {100 * direct:.2f}% |")
     return side, row
 
