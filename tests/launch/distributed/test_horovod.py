@@ -200,7 +200,8 @@ def test_too_many_ranks_on_a_host_or_a_device_list_is_an_error():
 @pytest.mark.e2e
 @needs_horovod
 def test_a_nan_on_one_rank_stops_every_rank_with_status_3_and_a_clean_checkpoint(tmp_path):
-    from test_faults import assert_nothing_lost, job, poisoned_csv
+    from cli_helpers import assert_nothing_lost
+    from fault_helpers import job, poisoned_csv
 
     # Global batch 16, 8 a rank: rank 1 reads the odd rows, and the NaN of step 25
     # is in row 387. The job-wide gradient norm is NaN on both ranks, so both stop.

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import time
 
-import numpy as np
 import pytest
 from cli_helpers import (
     Cluster,
@@ -25,37 +24,13 @@ from cli_helpers import (
     run_towers,
     saved_steps,
 )
+from fault_helpers import job, poisoned_csv
 
 from launch.distributed.local_cluster import free_ports
 
 pytestmark = pytest.mark.e2e  # every test here starts processes
 
 DIVERGED, RESOURCE, PEER_LOST = 3, 4, 138
-BATCH = 16
-SMALL = ["--set", "model.name=mlp", "--set", "model.input_dim=8", "--set", "model.num_classes=2",
-         "--set", "model.hidden_units=[8]", "--set", f"train.batch_size={BATCH}",
-         "--set", "train.log_every_steps=5", "--set", "data.source=synthetic"]
-
-
-def job(ckpt, steps, every=10, *extra):
-    return [*SMALL, "--set", f"train.checkpoint_dir={ckpt}", "--set", f"train.steps={steps}",
-            "--set", f"train.checkpoint_every_steps={every}", *extra]
-
-
-def poisoned_csv(path, bad_steps, rows=800):
-    """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds a NaN."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(rows, 8)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int64)
-    for step in bad_steps:
-        x[(step - 1) * BATCH + 3, 2] = np.nan
-    header = ",".join([f"f{i}" for i in range(8)] + ["label"])
-    np.savetxt(path, np.concatenate([x, y[:, None]], axis=1), delimiter=",", header=header,
-               comments="", fmt=["%.6f"] * 8 + ["%d"])
-    return ["--set", "data.source=csv", "--set", f"data.path={path}",
-            "--set", "data.shuffle_buffer=0"]
-
-
 def assert_one_clear_line(result, *phrases):
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("towers: error:")]
