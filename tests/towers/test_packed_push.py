@@ -61,8 +61,9 @@ def ps_worker_graph(pack_bytes):
         y = tf.zeros([8, *spec.label_shape], spec.label_dtype)
         with tf.compat.v1.device(setter):
             step = tf.compat.v1.train.get_or_create_global_step()
-        towers.build_train_op(model.model_fn, x, y, momentum(), [f"{WORKER}/gpu:{i}" for i in (0, 1)],
-                              variable_update=mode, global_step=step)
+        gpus = [f"{WORKER}/gpu:{i}" for i in (0, 1)]
+        towers.build_train_op(model.model_fn, x, y, momentum(), gpus, variable_update=mode,
+                              global_step=step)
         return graph, tf.compat.v1.trainable_variables()
 
 
