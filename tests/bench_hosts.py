@@ -24,7 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(__file__))
+# The repository first (tests/launch would shadow the package), then tests/ for its helpers.
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:1] = [os.path.dirname(HERE), HERE]
 
 from net_hosts import HostJob, TestNetwork, why_unavailable  # noqa: E402
 

@@ -263,10 +263,12 @@ def resolve_variable_update(
     sum_across_processes: with `reduce`, the plain sum across processes synchronized
         batch norm uses (CrossProcess).
     pack_bytes: where packed gradients (towers.packing) travel, the one place it is
-        decided: the reduction across processes, and the move from the aggregation
-        device to variables on other devices (a ps/worker worker's push to the ps
-        tasks). Not between the towers of a process: measured on CPU devices it made
-        no step faster (BENCHMARKS.md). 0: nothing is packed.
+        decided: the reduction across processes only (0: nothing is packed). Measured
+        (BENCHMARKS.md), packing sped that up (resnet20, 2 workers: 1.08x to 1.56x) and
+        nothing else: not the towers of one process (0.99x to 1.05x), nor a ps/worker
+        worker's push to its ps tasks (resnet20 0.83x, 0.93x across hosts), where a
+        buffer waits for the last gradient that an unpacked push would already have
+        sent. A ParameterServer(pack_bytes=...) built by hand still packs the push.
     """
     if isinstance(variable_update, VariableUpdate):
         return variable_update
@@ -282,7 +284,7 @@ def resolve_variable_update(
         return Replicated()
     if param_device == "least_loaded":
         param_device = least_loaded(devices)
-    within = ParameterServer(param_device, aggregation_device, pack_bytes)
+    within = ParameterServer(param_device, aggregation_device)
     if reduce is None:
         return within
     return CrossProcess(packing.packed(reduce, pack_bytes), within=within,

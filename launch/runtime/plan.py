@@ -40,8 +40,8 @@ class Plan:
     sum_across_processes: a plain sum over the processes (Horovod ranks) for
     synchronized batch norm's statistics; None in a job of one process.
     pack_bytes: towers.pack_gradients_bytes, where towers packs gradients
-    (towers.resolve_variable_update says where: across processes and on the push to
-    ps tasks); 0 for Horovod ranks, which fuse tensors themselves.
+    (towers.resolve_variable_update says where: the reduction across processes);
+    0 for Horovod ranks, which fuse tensors themselves.
     model.input_spec is always set: a model that declares none gets the data's.
     """
 

@@ -59,14 +59,14 @@ def test_horovod_ranks_share_their_towers_as_parameter_server_and_reduce_across(
     assert isinstance(mode.within, towers.ParameterServer)
 
 
-def test_the_jobs_pack_size_reaches_the_reduction_across_processes_and_the_push():
+def test_the_jobs_pack_size_reaches_the_reduction_across_processes_and_not_the_push():
     job = from_dict({**SMALL, "towers": {"devices": 1, "pack_gradients_bytes": 1024}})
     plan = make_plan(job)
     assert plan.pack_bytes == 1024
     across = dataclasses.replace(plan, reduce_gradients=lambda values: values)
     mode = across.variable_update()
     assert mode.reduce is not across.reduce_gradients  # wrapped: towers.packed
-    assert mode.within.pack_bytes == 1024
+    assert mode.within.pack_bytes == 0  # measured slower on the push to ps tasks
 
 
 @pytest.mark.parametrize("towers_cfg, step_device", [
