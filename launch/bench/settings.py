@@ -173,8 +173,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "normalizes by the whole batch across the towers")
     parser.add_argument("--pack-bytes", metavar="B,...",
                         help="rows with each towers.pack_gradients_bytes (default: the "
-                        "job's); 0 sends gradients unpacked. It changes the multi-process "
-                        "rows (ps_worker, collective) only")
+                        "job's); 0 sends gradients unpacked. It changes the collective "
+                        "rows only (nothing else is packed)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"steps per timed block (default {DEFAULTS['steps']})")
     parser.add_argument("--warmup", type=int, metavar="N",
