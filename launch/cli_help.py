@@ -158,14 +158,15 @@ examples:
   towers bench --memory 5000 --model mlp --out runs/bench   # RSS: 8 towers vs 1; long run
   towers bench --memory 50 --model resnet20 --batch 128 --accumulate 4   # micro-batches vs 1
   towers bench --input --model resnet20 --batch 128   # synthetic vs TFRecord vs JPEG input
+  towers bench --model resnet20 --towers 2 --modes collective --pack-bytes 0,4194304
 
---precision, --accumulate, --xla and --gradient-dtype each take a list; every row is
-measured in every combination, the rows of one mode and device count side by side,
-with its ratio to the first combination (the base variant). Each row also reports the
-FLOPs per example of a training step (counted by TensorFlow's profiler from the built
-graph), the FLOP/s it reaches and that as a share of this machine's peak for its
-number type: a 2048x2048 matmul in float32, bfloat16 or float16, timed in the same
-run. The header says whether this CPU does bfloat16 or float16 in hardware
+--precision, --accumulate, --xla, --gradient-dtype, --batch-norm and --pack-bytes each
+take a list; every row is measured in every combination, the rows of one mode and device
+count side by side, with its ratio to the first combination (the base variant). Each row
+also reports the FLOPs per example of a training step (counted by TensorFlow's profiler
+from the built graph), the FLOP/s it reaches and that as a share of this machine's peak
+for its number type: a 2048x2048 matmul in float32, bfloat16 or float16, timed in the
+same run. The header says whether this CPU does bfloat16 or float16 in hardware
 (avx512_bf16, amx_bf16, avx512_fp16, amx_fp16) or TensorFlow emulates them.
 
 --input trains the model fed by synthetic data, pre-decoded TFRecords (float lists

@@ -162,7 +162,8 @@ def sweep_stale() -> None:
 
 
 class HostJob:
-    """One run of a ps/worker job with every task on a test host of its own, named after
+    """One run of a ps/worker job (or, with ps=0, a job without ps tasks) with every task
+    on a test host of its own, named after
     the task (ps0, worker1, ...; hosts are made on first use and kept across runs), each
     task serving on port 2222 of its host's address, the way separate machines do.
 
@@ -178,7 +179,7 @@ class HostJob:
         self.ps = [f"{network.host(f'ps{i}').address}:{self.PORT}" for i in range(ps)]
         self.workers = [f"{network.host(f'worker{i}').address}:{self.PORT}"
                         for i in range(workers)]
-        self.args = [*args, "--ps-hosts", ",".join(self.ps),
+        self.args = [*args, *(["--ps-hosts", ",".join(self.ps)] if ps else []),
                      "--worker-hosts", ",".join(self.workers)]
         self.tasks: dict[str, Process] = {}
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from towers.packing import packed_send
 from towers.placement import device_type
 from towers.precision import cast_gradient
 
@@ -68,19 +69,18 @@ def aggregate(
 
 
 def send_to_variables(grads: Sequence[Gradient], variables: Sequence[tf.Variable],
-                      wire: tf.DType) -> list[Gradient]:
-    """Gradients summed on one device, sent to their variables' devices in `wire` and
-    cast back to the variable's type there (a worker's summed gradients on their way to
-    the ps tasks). As they are when `wire` is already their type."""
+                      wire: tf.DType, source: str, pack_bytes: int = 0) -> list[Gradient]:
+    """Gradients summed on `source`, sent to their variables' devices in `wire` and cast
+    back to the variable's type there (a worker's summed gradients on their way to the
+    ps tasks). pack_bytes > 0: packed per destination in buffers of at most that many
+    bytes (towers.packing.packed_send); 0, and `wire` already their type: as they are."""
+    with tf.device(source), tf.name_scope("send"):
+        sent = [cast_gradient(grad, wire) for grad in grads]
+    moved = packed_send(sent, variables, source, pack_bytes)
     out = []
-    for grad, var in zip(grads, variables, strict=True):
-        if grad is None or grad.dtype == wire:
-            out.append(grad)
-            continue
-        with tf.name_scope("send"):
-            sent = cast_gradient(grad, wire)
+    for grad, var in zip(moved, variables, strict=True):
         with tf.device(var.device), tf.name_scope("receive"):
-            out.append(cast_gradient(sent, var.dtype.base_dtype))
+            out.append(cast_gradient(grad, var.dtype.base_dtype))
     return out
 
 

@@ -51,13 +51,15 @@ GRADIENT_DTYPES = ("float32", "bfloat16", "float16")
 
 class Variant(NamedTuple):
     """How every row of one kind computes: the --precision, --accumulate, --xla,
-    --gradient-dtype and --batch-norm axes. The first variant of a run is its base."""
+    --gradient-dtype, --batch-norm and --pack-bytes axes. The first variant of a run is
+    its base. pack_bytes None: the job's towers.pack_gradients_bytes."""
 
     precision: str = "float32"
     accumulate: int = 1
     xla: bool = False
     gradient_dtype: str = "float32"
     batch_norm: str = "local"
+    pack_bytes: int | None = None
 
     @property
     def label(self) -> str:
@@ -71,6 +73,8 @@ class Variant(NamedTuple):
             parts.append(f"{self.gradient_dtype} gradients")
         if self.batch_norm != "local":
             parts.append(f"{self.batch_norm} batch norm")
+        if self.pack_bytes is not None:
+            parts.append(f"packed in {self.pack_bytes} B" if self.pack_bytes else "unpacked")
         return ", ".join(parts)
 
     @property
@@ -82,7 +86,9 @@ class Variant(NamedTuple):
         """The job keys of this variant, for whole `towers` runs."""
         return {"towers.precision": self.precision, "towers.xla": self.xla,
                 "towers.gradient_dtype": self.gradient_dtype,
-                "train.accumulate_steps": self.accumulate, "towers.batch_norm": self.batch_norm}
+                "train.accumulate_steps": self.accumulate, "towers.batch_norm": self.batch_norm,
+                **({} if self.pack_bytes is None
+                   else {"towers.pack_gradients_bytes": self.pack_bytes})}
 
 
 FLOAT32 = Variant()  # every axis at its default: the rows `towers bench` measured before
@@ -171,6 +177,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-norm", metavar="local,sync",
                         help="rows with each towers.batch_norm (default local): sync "
                         "normalizes by the whole batch across the towers")
+    parser.add_argument("--pack-bytes", metavar="B,...",
+                        help="rows with each towers.pack_gradients_bytes (default: the "
+                        "job's); 0 sends gradients unpacked. It changes the collective "
+                        "rows only (nothing else is packed)")
     parser.add_argument("--steps", type=int, metavar="N",
                         help=f"steps per timed block (default {DEFAULTS['steps']})")
     parser.add_argument("--warmup", type=int, metavar="N",
@@ -225,7 +235,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
         out=args.out,
         run_repeats=args.runs if args.runs is not None else quick.get("run_repeats"),
         variants=parse_variants(args.precision, args.accumulate, args.xla,
-                                args.gradient_dtype, args.batch_norm),
+                                args.gradient_dtype, args.batch_norm, args.pack_bytes),
         data_options={key: getattr(job.data, key) for key in INPUT_PIPELINE_KEYS},
         model_path=job.model.path,
         job_dir=job.model.job_dir,
@@ -266,7 +276,8 @@ def parse_modes(text: str) -> tuple[str, ...]:
 
 def parse_variants(precisions: str | None, accumulate: str | None, xla: str | None,
                    gradient_dtypes: str | None,
-                   batch_norms: str | None = None) -> tuple[Variant, ...]:
+                   batch_norms: str | None = None,
+                   pack_bytes: str | None = None) -> tuple[Variant, ...]:
     """Every combination of the axes given (each a comma-separated list), in the order
     given: the first is the base the others' ratios are taken to."""
     axes = [
@@ -275,6 +286,7 @@ def parse_variants(precisions: str | None, accumulate: str | None, xla: str | No
         [v == "on" for v in _parse_list("--xla", xla or "off", ["off", "on"])],
         _parse_list("--gradient-dtype", gradient_dtypes or "float32", list(GRADIENT_DTYPES)),
         _parse_list("--batch-norm", batch_norms or "local", ["local", "sync"]),
+        [_at_least_0("--pack-bytes", b) for b in _split(pack_bytes)] if pack_bytes else [None],
     ]
     return tuple(Variant(*values) for values in itertools.product(*axes))
 
@@ -299,6 +311,16 @@ def _positive(flag: str, text: str) -> int:
         value = 0
     if value < 1:
         raise BenchError(f"{flag}: expected positive integers like 1,4; got {text!r}")
+    return value
+
+
+def _at_least_0(flag: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise BenchError(f"{flag}: expected byte counts like 0,4194304; got {text!r}")
     return value
 
 

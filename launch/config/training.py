@@ -78,7 +78,8 @@ class TowersConfig:
     xla: bool = _field(False, boolean)
     # Jobs without ps tasks: the workers' dense gradients travel in buffers of at most
     # this many bytes (towers.packed); 0 sends each tensor on its own. 4 MiB: resnet20's
-    # 2-worker job ran 2.1x faster packed (BENCHMARKS.md).
+    # 2-worker job ran 1.08x to 2.1x faster packed (BENCHMARKS.md). Where else packing
+    # was measured, and why it applies nowhere else: towers.resolve_variable_update.
     pack_gradients_bytes: int = _field(4 * 2**20, number(int, ge=0))
     loss_scale: LossScaleConfig = section_field(LossScaleConfig)
     batch_norm: str = _field("local", choice(*BATCH_NORMS))

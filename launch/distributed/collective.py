@@ -86,8 +86,7 @@ def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.Collective
         aggregation=home,
         batch_size=batch,
         shard=(task.worker_rank, task.num_workers),
-        reduce_gradients=towers.packed(towers.weighted_all_reduce(group, batch / global_batch),
-                                       job.towers.pack_gradients_bytes),
+        reduce_gradients=towers.weighted_all_reduce(group, batch / global_batch),
         step_examples=global_batch,
         session=collective_session(base.session, task, job.cluster),
     )

@@ -125,6 +125,7 @@ def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
         reduce_gradients=all_reduce(hvd, share=local / batch),
         step_examples=batch,
         sum_across_processes=lambda value: hvd.allreduce(value, op=hvd.Sum),
+        pack_bytes=0,  # Horovod fuses tensors itself (HOROVOD_FUSION_THRESHOLD)
     )
 
 

@@ -39,6 +39,9 @@ class Plan:
     Horovod ranks step in lockstep, so each reports the whole job's rate.
     sum_across_processes: a plain sum over the processes (Horovod ranks) for
     synchronized batch norm's statistics; None in a job of one process.
+    pack_bytes: towers.pack_gradients_bytes, where towers packs gradients
+    (towers.resolve_variable_update says where: the reduction across processes);
+    0 for Horovod ranks, which fuse tensors themselves.
     model.input_spec is always set: a model that declares none gets the data's.
     """
 
@@ -55,6 +58,7 @@ class Plan:
     reduce_gradients: towers.GradientsFn | None = None
     step_examples: int = 0
     sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None
+    pack_bytes: int = 0
 
     def variable_update(self) -> towers.VariableUpdate:
         """The update mode: this process's sharing, composed with the reduction across
@@ -63,7 +67,7 @@ class Plan:
         return towers.resolve_variable_update(
             self.sharing, self.param_device, self.devices,
             aggregation_device=self.aggregation, reduce=self.reduce_gradients,
-            sum_across_processes=self.sum_across_processes)
+            sum_across_processes=self.sum_across_processes, pack_bytes=self.pack_bytes)
 
     def precision(self) -> towers.Precision:
         """What the towers compute, send gradients and scale the loss in."""
@@ -91,7 +95,7 @@ def make_plan(job: JobConfig, processes: int = 1) -> Plan:
     devices, param, config = resolve_devices(job, processes)
     model = resolve_model(job)
     return Plan(job, model, devices, param, config, sharing=in_process_sharing(job),
-                batch_size=job.train.batch_size)
+                batch_size=job.train.batch_size, pack_bytes=job.towers.pack_gradients_bytes)
 
 
 def resolve_devices(job: JobConfig, processes: int = 1

@@ -55,6 +55,13 @@ def test_sync_batch_norm_rows_stand_beside_local_ones_where_it_runs():
     assert "not available in the ps_worker row" in cannot_run(Row("ps_worker", 2, sync), None)
 
 
+def test_packing_rows_set_the_key_and_say_so_and_others_keep_the_jobs_setting():
+    unpacked, packed = bench.parse_variants(None, None, None, None, None, "0,4194304")
+    assert (unpacked.label, packed.label) == ("float32, unpacked", "float32, packed in 4194304 B")
+    assert packed.job_values()["towers.pack_gradients_bytes"] == 4194304
+    assert "towers.pack_gradients_bytes" not in bench.Variant().job_values()
+
+
 def test_rows_of_one_mode_and_count_stand_side_by_side():
     settings = bench.Settings("mlp", {}, 16, (1, 2), ("replicated", "mirrored"), 1, 0, 1,
                               variants=bench.parse_variants("float32,mixed_float16", None,
@@ -75,6 +82,8 @@ def test_sixteen_bit_gradients_halve_the_bytes_moved():
     ((None, "two", None, None), "--accumulate: expected positive integers"),
     ((None, None, "maybe", None), "--xla: unknown value 'maybe'; accepted: off, on"),
     ((None, None, None, "int8"), "--gradient-dtype: unknown value 'int8'"),
+    ((None, None, None, None, None, "0,4MiB"), "--pack-bytes: expected byte counts"),
+    ((None, None, None, None, None, "-1"), "--pack-bytes: expected byte counts"),
 ])
 def test_bad_axes_are_one_line_errors(axes, message):
     with pytest.raises(bench.BenchError, match=message):

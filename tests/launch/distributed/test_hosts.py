@@ -11,7 +11,8 @@ job is restarted after a fault: a synchronous run cut short and then for good; a
 synchronous run with a backup worker, resumed past a damaged checkpoint and stopped
 by SIGTERM to every task at once; an asynchronous run that loses a worker and then
 its ps; a run in which a worker diverges at its first step; a run that ends when its
-data does. An evaluator on a host of its own follows the whole life. The test prints
+data does; then, without ps tasks (collective all-reduce), a run that loses a worker
+for good. An evaluator on a host of its own follows the whole life. The test prints
 what it measured (steps lost, time to recover): the README's fault table comes from
 these lines. Every process is stopped by pid and every host removed when the test
 ends; every wait is on an event, with a ceiling far above what it needs.
@@ -137,7 +138,8 @@ def test_one_jobs_life_across_hosts_through_cuts_restarts_resizes_stops_and_dive
         resumed = sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life, saved)
         good = async_run_losing_a_worker_then_its_ps(life, resumed)
         good = async_run_in_which_a_worker_diverges_at_its_first_step(life, good)
-        run_that_ends_with_its_data(life, good)
+        ended = run_that_ends_with_its_data(life, good)
+        collective_run_losing_a_worker(life, ended)
         assert life.evaluator.proc.poll() is None, life.evaluator.stderr[-2000:]
         took = stop_all_at_once({"evaluator": life.evaluator})
         assert life.evaluator.proc.returncode == 0, life.evaluator.stderr[-2000:]
@@ -335,9 +337,10 @@ def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: in
     return good
 
 
-def run_that_ends_with_its_data(life: Life, good: int) -> None:
+def run_that_ends_with_its_data(life: Life, good: int) -> int:
     """Two synchronous workers, one pass over data whose shards are uneven: worker 1
-    has 15 batches, the chief 16. The job ends when worker 1's data does."""
+    has 15 batches, the chief 16. The job ends when worker 1's data does. Returns its
+    last step."""
     drained = npz_data(life.tmp_path / "finite.npz", 1023)
     job = life.run("drain", ["--set", "train.sync=true", *drained, "--set", "data.epochs=1",
                              "--set", f"train.steps={good + 100}"], workers=2)
@@ -347,4 +350,34 @@ def run_that_ends_with_its_data(life: Life, good: int) -> None:
     assert latest_step(life.ckpt) == good + 15
     life.report.append(f"one pass over uneven shards: the job ended at step {good + 15}, "
                        "when worker 1's data did")
+    return good + 15
+
+
+def collective_run_losing_a_worker(life: Life, ended: int) -> None:
+    """Two workers and no ps tasks, their gradients all-reduced by collective ops,
+    resuming from the ps/worker job's checkpoint. Worker 1 cut off for good: both
+    workers exit 138 within the deadline, the chief naming worker 1."""
+    began = time.monotonic()
+    # A deadline shorter than the other runs': no cut here is meant to be outlasted.
+    job = HostJob(life.network, life.tmp_path, "collective2",
+                  [*life.base, *FOREVER, "--set", "cluster.operation_timeout_secs=8"],
+                  workers=2, ps=0)
+    life.runs.append(job)
+    job.start_all()
+    chief = job.tasks["worker0"]
+    wait_until(lambda: last_logged(chief.stderr) >= ended + 10, "collective steps", timeout=240)
+    assert saved_steps(chief.stderr)[0] == ended  # a ps/worker checkpoint, resumed
+    assert "gradients all-reduced by collective ops (ring)" in chief.stderr
+    reached = last_logged(chief.stderr)
+    life.host("worker1").cut()
+    cut = time.monotonic()
+    codes = job.codes(timeout=120)
+    took = time.monotonic() - cut
+    life.host("worker1").restore()
+    assert codes == {"worker0": PEER_LOST, "worker1": PEER_LOST}, failures(job.tasks)
+    assert f"not answering: worker 1 at {job.workers[1]}" in chief.stderr
+    life.report.append(
+        f"no ps tasks (collective), resumed from the ps/worker checkpoint at step {ended}; "
+        f"worker 1 cut for good at step {reached}: both workers exited 138 within {took:.1f} s "
+        f"(this run took {time.monotonic() - began:.1f} s in all)")
 

@@ -52,10 +52,21 @@ def test_horovod_ranks_share_their_towers_as_parameter_server_and_reduce_across(
     job = from_dict({**SMALL, "towers": {"variable_update": "horovod", "devices": 1}})
     plan = make_plan(job)
     assert plan.sharing == "parameter_server"
-    rank = dataclasses.replace(plan, reduce_gradients=lambda values: values)
+    # As launch.distributed.horovod.rank_plan makes it: Horovod fuses tensors itself.
+    rank = dataclasses.replace(plan, reduce_gradients=lambda values: values, pack_bytes=0)
     mode = rank.variable_update()
     assert isinstance(mode, towers.CrossProcess) and mode.reduce is rank.reduce_gradients
     assert isinstance(mode.within, towers.ParameterServer)
+
+
+def test_the_jobs_pack_size_reaches_the_reduction_across_processes_and_not_the_push():
+    job = from_dict({**SMALL, "towers": {"devices": 1, "pack_gradients_bytes": 1024}})
+    plan = make_plan(job)
+    assert plan.pack_bytes == 1024
+    across = dataclasses.replace(plan, reduce_gradients=lambda values: values)
+    mode = across.variable_update()
+    assert mode.reduce is not across.reduce_gradients  # wrapped: towers.packed
+    assert mode.within.pack_bytes == 0  # measured slower on the push to ps tasks
 
 
 @pytest.mark.parametrize("towers_cfg, step_device", [
