@@ -15,10 +15,8 @@ import time
 import urllib.request
 
 import pytest
-from data_helpers import class_images, encode, image_feature_map, write_examples
+from straggler_helpers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
 from test_horovod import needs_horovod, rank_results, start_horovodrun
-
-WARNING_SECS = 3
 
 
 def rank_pid(marker: str, rank: int) -> int:
@@ -50,23 +48,7 @@ def wait_for(path, pattern, proc, timeout=120):
     raise AssertionError(f"timed out waiting for {pattern!r}\n{path.read_text()[-3000:]}")
 
 
-def jpeg_records(path, size: int) -> str:
-    """16 records: two JPEGs (one of each class) of size x size, 8 times over."""
-    images, labels = class_images(2, size=size, classes=2)
-    records = [image_feature_map(encode(x), int(y)) for x, y in zip(images, labels, strict=True)]
-    return write_examples(path, records * 8)
-
-
-JOB = ["train", "--backend", "horovod", "--set", "model.name=convnet",
-       "--set", "model.channels=3", "--set", "model.num_classes=2",
-       "--set", "optimizer.learning_rate=0.005", "--set", "optimizer.clip_norm=1",
-       "--set", "data.source=tfrecord", "--set", "data.schema=imagenet",
-       "--set", "data.image.augment=false", "--set", "data.num_parallel_calls=1",
-       "--set", "data.threads=1", "--set", "train.batch_size=32",
-       "--set", "train.steps=1000000", "--set", "train.log_every_steps=40",
-       "--set", f"train.stall_warning_secs={WARNING_SECS}",
-       "--set", "train.phase_sample_secs=0.2", "--set", "train.straggler_steps=20",
-       "--set", "metrics.port=0"]
+JOB = ["train", "--backend", "horovod", *SLOW_INPUT_JOB]
 
 
 @needs_horovod

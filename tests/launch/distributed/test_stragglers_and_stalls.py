@@ -14,39 +14,16 @@ import time
 import urllib.request
 
 import pytest
-import tensorflow as tf
 from cli_helpers import Cluster, last_json, run_in_process
-from data_helpers import class_images, image_feature_map, write_examples
+from straggler_helpers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
 
-WARNING_SECS = 3
-
-
-def jpeg_records(path, count: int, size: int) -> str:
-    images, labels = class_images(count, size=size, classes=2)
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
-        image = tf.compat.v1.placeholder(tf.uint8, [size, size, 3])
-        encode = tf.io.encode_jpeg(image, quality=95)
-        encoded = [session.run(encode, {image: x}) for x in images]
-    return write_examples(path, (image_feature_map(e, int(y))
-                                 for e, y in zip(encoded, labels, strict=True)))
-
-
-JOB = ["--set", "model.name=convnet", "--set", "model.channels=3",
-       "--set", "model.num_classes=2", "--set", "optimizer.learning_rate=0.005",
-       "--set", "optimizer.clip_norm=1", "--set", "data.source=tfrecord",
-       "--set", "data.schema=imagenet", "--set", "data.image.augment=false",
-       "--set", "data.num_parallel_calls=1", "--set", "data.threads=1",
-       "--set", "towers.devices=1", "--set", "train.batch_size=32",
-       "--set", "train.steps=1000000", "--set", "train.sync=true",
-       "--set", "train.log_every_steps=40",
-       "--set", f"train.stall_warning_secs={WARNING_SECS}", "--set", "train.phase_sample_secs=0.2",
-       "--set", "train.straggler_steps=20", "--set", "metrics.port=0"]
+JOB = [*SLOW_INPUT_JOB, "--set", "towers.devices=1", "--set", "train.sync=true"]
 
 
 @pytest.mark.e2e
 def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
-    small = jpeg_records(tmp_path / "small.tfrecord", 16, 16)
-    large = jpeg_records(tmp_path / "large.tfrecord", 16, 768)  # 2,304x the pixels to decode
+    small = jpeg_records(tmp_path / "small.tfrecord", 16)
+    large = jpeg_records(tmp_path / "large.tfrecord", 768)  # 2,304x the pixels to decode
     cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}"],
                       workers=2)
     cluster.args += ["--set", f"data.path={small}"]
