@@ -71,6 +71,18 @@ def cut_for(host, seconds: float) -> float:
     return time.monotonic()
 
 
+def cut_for_good(host, job) -> tuple[dict[str, int], float]:
+    """Cut the host's link until every task of `job` has exited; returns their exit
+    statuses and the seconds from the cut to the last exit (the link is restored)."""
+    host.cut()
+    cut = time.monotonic()
+    try:
+        codes = job.codes(timeout=120)
+    finally:
+        host.restore()
+    return codes, time.monotonic() - cut
+
+
 def stop_all_at_once(tasks: dict[str, Process]) -> float:
     """SIGTERM to every task together, as Kubernetes deleting the job's pods sends it;
     returns how long the last task took to exit."""
@@ -202,11 +214,7 @@ def sync_run_cut_short_then_for_good(life: Life) -> dict:
     assert "answers again" in worker1.stderr
 
     reached = last_logged(chief.stderr)
-    life.host("worker1").cut()
-    cut = time.monotonic()
-    codes = job.codes(timeout=120)
-    ended = time.monotonic() - cut
-    life.host("worker1").restore()
+    codes, ended = cut_for_good(life.host("worker1"), job)
     assert codes == {"ps0": PEER_LOST, "worker0": PEER_LOST, "worker1": PEER_LOST}, failures(
         job.tasks)
     assert f"ps 0 at {job.ps[0]} has not answered for 8 s" in worker1.stderr
@@ -369,11 +377,7 @@ def collective_run_losing_a_worker(life: Life, ended: int) -> None:
     assert saved_steps(chief.stderr)[0] == ended  # a ps/worker checkpoint, resumed
     assert "gradients all-reduced by collective ops (ring)" in chief.stderr
     reached = last_logged(chief.stderr)
-    life.host("worker1").cut()
-    cut = time.monotonic()
-    codes = job.codes(timeout=120)
-    took = time.monotonic() - cut
-    life.host("worker1").restore()
+    codes, took = cut_for_good(life.host("worker1"), job)
     assert codes == {"worker0": PEER_LOST, "worker1": PEER_LOST}, failures(job.tasks)
     assert f"not answering: worker 1 at {job.workers[1]}" in chief.stderr
     life.report.append(
