@@ -14,19 +14,16 @@ Any worker reads them when its steps stall (launch/runtime/stall.py).
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import tensorflow as tf
 
 from launch.distributed.cluster_spec import Task
-from launch.distributed.stragglers import OwnTimes, StragglerWatch
+from launch.distributed.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
 
 V1 = tf.compat.v1
 
-PUBLISH_EVERY_SECS = 1.0
-SILENT_AFTER_SECS = 2.5  # a worker that has not written for this long is not reporting
 RPC_TIMEOUT_MS = 3000
 ALIVE_AT, STEPS, TIMES = 0, 1, slice(2, 5)  # a row: then own, input, compute (OwnTimes)
 
@@ -72,20 +69,6 @@ class PeerReports:
         return session.run(self._read, options=self._options)
 
 
-def silent_workers(rows: np.ndarray, names: list[str], me: int, now: float) -> list[str]:
-    """'worker 1 at h:p (silent for 9 s)' for each other worker that stopped reporting,
-    '... (no report yet)' for one that never has (not started, or not yet training)."""
-    silent = []
-    for i, row in enumerate(rows):
-        if i == me:
-            continue
-        if row[ALIVE_AT] == 0:
-            silent.append(f"{names[i]} (no report yet)")
-        elif now - row[ALIVE_AT] > SILENT_AFTER_SECS:
-            silent.append(f"{names[i]} (silent for {now - row[ALIVE_AT]:.0f} s)")
-    return silent
-
-
 def stall_cause(reports: PeerReports, session, sync: bool) -> str:
     """What a stalled worker's step waits for, from the reports (or ps 0's silence)."""
     task = reports.task
@@ -95,7 +78,7 @@ def stall_cause(reports: PeerReports, session, sync: bool) -> str:
         return "the workers have not all started reporting (the job is starting)"
     except (tf.errors.OpError, RuntimeError):
         return f"ps 0 at {task.cluster['ps'][0]} is not answering"
-    silent = silent_workers(rows, reports.names, task.worker_rank, time.time())
+    silent = silent_peers(rows[:, ALIVE_AT], reports.names, task.worker_rank, time.time())
     if silent:
         waits = "the synchronous step waits for their gradients" if sync else \
             "they are not training"
@@ -107,17 +90,18 @@ def stall_cause(reports: PeerReports, session, sync: bool) -> str:
     return "every worker reports; the step waits inside TensorFlow (a ps busy or slow)"
 
 
-class PeerReportHook(V1.train.SessionRunHook):
+class PeerReportHook(Publisher):
     """Publishes this worker's report once a second; on the chief, `stragglers` judges
     every worker's. `times.on_phases` listens to this worker's step phases."""
 
+    thread_name = "PeerReports"
+
     def __init__(self, reports: PeerReports, stragglers: StragglerWatch | None):
+        super().__init__()
         self.reports = reports
         self.times = OwnTimes()
         self._stragglers = stragglers
         self.session = None
-        self._ended = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def after_create_session(self, session, coord) -> None:
         self.session = session  # the latest: MonitoredSession re-creates it after a lost ps
@@ -125,22 +109,16 @@ class PeerReportHook(V1.train.SessionRunHook):
             self.reports.initialise(session)
         except (tf.errors.OpError, RuntimeError):
             pass  # ps 0 busy: the next session (or another worker) initialises them
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="PeerReports", daemon=True)
-            self._thread.start()
+        super().after_create_session(session, coord)
 
-    def end(self, session) -> None:
-        self._ended.set()
-
-    def _loop(self) -> None:
-        while not self._ended.wait(PUBLISH_EVERY_SECS):
-            row = np.zeros(5)
-            row[ALIVE_AT], row[STEPS], row[TIMES] = time.time(), self.times.steps, \
-                self.times.medians
-            try:
-                self.reports.publish(self.session, row)
-                if self._stragglers is not None:
-                    rows = self.reports.read(self.session)
-                    self._stragglers.look(rows[:, TIMES], self.reports.names, self.times.steps)
-            except (tf.errors.OpError, RuntimeError):
-                continue  # ps 0 not answering: the ps watch and the stall watch say so
+    def publish(self) -> None:
+        row = np.zeros(5)
+        row[ALIVE_AT], row[STEPS], row[TIMES] = time.time(), self.times.steps, \
+            self.times.medians
+        try:
+            self.reports.publish(self.session, row)
+            if self._stragglers is not None:
+                rows = self.reports.read(self.session)
+                self._stragglers.look(rows[:, TIMES], self.reports.names, self.times.steps)
+        except (tf.errors.OpError, RuntimeError):
+            pass  # ps 0 not answering: the ps watch and the stall watch say so

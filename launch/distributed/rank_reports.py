@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,13 +24,11 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from launch.distributed.stragglers import OwnTimes, StragglerWatch
+from launch.distributed.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
 
 V1 = tf.compat.v1
 
 SCOPE = "towers_ranks"
-PUBLISH_EVERY_SECS = 1.0
-SILENT_AFTER_SECS = 2.5
 TIMEOUT_SECS = 3.0
 
 
@@ -42,43 +39,33 @@ def rendezvous_url(environ: Mapping[str, str] = os.environ) -> str | None:
     return f"http://{addr}:{port}" if addr and port else None
 
 
-class RankReports(V1.train.SessionRunHook):
+class RankReports(Publisher):
     """Publishes this rank's liveness and times; reads every rank's (rank 0).
 
     stragglers: rank 0's judge of every rank's times (None on the others).
     `times.on_phases` listens to this rank's step phases.
     """
 
+    thread_name = "RankReports"
+
     def __init__(self, url: str, rank: int, size: int, stragglers: StragglerWatch | None):
+        super().__init__()
         self._url, self._rank, self._size = url, rank, size
         self._stragglers = stragglers
         self._host = socket.gethostname()
         self.times = OwnTimes()
-        self._ended = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def after_create_session(self, session, coord) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="RankReports", daemon=True)
-            self._thread.start()
-
-    def end(self, session) -> None:
-        self._ended.set()
-
-    def _loop(self) -> None:
-        while True:
-            own, input_wait, compute = self.times.medians
-            body = (f"{time.time():.3f} {self.times.steps} {own:.6f} {input_wait:.6f} "
-                    f"{compute:.6f} {self._host}").encode()
-            request = urllib.request.Request(self._key(self._rank), data=body, method="PUT")
-            try:
-                urllib.request.urlopen(request, timeout=TIMEOUT_SECS).close()
-                if self._stragglers is not None:
-                    self._look_for_stragglers()
-            except OSError:
-                pass  # the store is horovodrun's: if it is gone, so is the job
-            if self._ended.wait(PUBLISH_EVERY_SECS):
-                return
+    def publish(self) -> None:
+        own, input_wait, compute = self.times.medians
+        body = (f"{time.time():.3f} {self.times.steps} {own:.6f} {input_wait:.6f} "
+                f"{compute:.6f} {self._host}").encode()
+        request = urllib.request.Request(self._key(self._rank), data=body, method="PUT")
+        try:
+            urllib.request.urlopen(request, timeout=TIMEOUT_SECS).close()
+            if self._stragglers is not None:
+                self._look_for_stragglers()
+        except OSError:
+            pass  # the store is horovodrun's: if it is gone, so is the job
 
     def _key(self, rank: int) -> str:
         return f"{self._url}/{SCOPE}/rank_{rank}"
@@ -100,16 +87,10 @@ class RankReports(V1.train.SessionRunHook):
 
     def silent(self) -> list[str]:
         """'rank 1 (silent for 9 s)' for each other rank not reporting, or never having."""
-        now, out = time.time(), []
-        for rank in range(self._size):
-            if rank == self._rank:
-                continue
-            try:
-                report = self._read(rank)
-            except OSError:
-                return []  # the store does not answer: nothing to say about the ranks
-            if report is None:
-                out.append(f"rank {rank} (no report yet)")
-            elif now - float(report[0]) > SILENT_AFTER_SECS:
-                out.append(f"rank {rank} (silent for {now - float(report[0]):.0f} s)")
-        return out
+        try:
+            reports = [self._read(rank) for rank in range(self._size)]
+        except OSError:
+            return []  # the store does not answer: nothing to say about the ranks
+        alive_at = [float(r[0]) if r else None for r in reports]
+        names = [f"rank {rank}" for rank in range(self._size)]
+        return silent_peers(alive_at, names, self._rank, time.time())

@@ -10,20 +10,30 @@ process whose own time per step has been at least `train.straggler_ratio` times 
 median of the others' for `train.straggler_steps` of the chief's steps is named once,
 with whether it waits on input or on compute, and again when it catches up;
 `towers_straggler{peer=...}` says 1 while it is one.
+
+The cadence and the silence rule are shared too: every process publishes once every
+PUBLISH_EVERY_SECS from a thread (`Publisher`), and one that has not for
+SILENT_AFTER_SECS is not reporting (`silent_peers`, what a stalled step waits for).
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 from launch import metrics
 
+V1 = tf.compat.v1
+
 WINDOW = 50  # steps: medians ignore the odd long step (a stall, a checkpoint)
 OWN, INPUT, COMPUTE = range(3)  # the columns of a process's times
+PUBLISH_EVERY_SECS = 1.0
+SILENT_AFTER_SECS = 2.5  # a process that has not published for this long is not reporting
 
 
 class OwnTimes:
@@ -107,3 +117,50 @@ class StragglerWatch:
                 self._gauge.labels(names[i]).set(1)
             for i in recovered:
                 self._gauge.labels(names[i]).set(0)
+
+
+def silent_peers(alive_at: Sequence[float | None], names: Sequence[str], me: int,
+                 now: float) -> list[str]:
+    """'worker 1 at h:p (silent for 9 s)' for each other process that stopped
+    publishing, '... (no report yet)' for one that never has (not started, or not yet
+    training). alive_at: each process's last publish time (unix seconds), 0 or None
+    for none."""
+    silent = []
+    for i, (when, name) in enumerate(zip(alive_at, names, strict=True)):
+        if i == me:
+            continue
+        if not when:
+            silent.append(f"{name} (no report yet)")
+        elif now - when > SILENT_AFTER_SECS:
+            silent.append(f"{name} (silent for {now - when:.0f} s)")
+    return silent
+
+
+class Publisher(V1.train.SessionRunHook):
+    """Calls `publish` once every PUBLISH_EVERY_SECS, from a thread of its own started
+    with the first session, until the session ends: a process's report (and, on the
+    chief, its look at everyone's) never waits on a step, nor a step on it."""
+
+    thread_name = "Publisher"
+
+    def __init__(self):
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def after_create_session(self, session, coord) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self.thread_name,
+                                            daemon=True)
+            self._thread.start()
+
+    def end(self, session) -> None:
+        self._ended.set()
+
+    def _loop(self) -> None:
+        while True:
+            self.publish()
+            if self._ended.wait(PUBLISH_EVERY_SECS):
+                return
