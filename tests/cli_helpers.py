@@ -203,6 +203,13 @@ def wait_until(condition, what, timeout=120):
         time.sleep(0.2)
 
 
+def checkpoint_variables(ckpt, prefix: str = "") -> dict[str, np.ndarray]:
+    """The variables of the latest checkpoint in `ckpt` whose names start with `prefix`."""
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if name.startswith(prefix)}
+
+
 def latest_step(ckpt) -> int:
     latest = tf.train.latest_checkpoint(str(ckpt))
     assert latest, f"no checkpoint in {ckpt}"

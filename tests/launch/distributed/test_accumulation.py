@@ -8,8 +8,7 @@ order (shuffle_buffer 0).
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from cli_helpers import ok, run_towers
+from cli_helpers import checkpoint_variables, ok, run_towers
 
 from launch.config import from_dict
 from launch.runtime.train import train
@@ -35,12 +34,6 @@ def train_here(ckpt, steps, **train_keys):
     return train(from_dict(raw), write=lambda line: None)
 
 
-def model_variables(ckpt) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith("mlp/")}
-
-
 def assert_same_and_trained(expected, got, start):
     assert expected.keys() == got.keys() and expected
     for name, value in expected.items():
@@ -56,7 +49,7 @@ def test_an_asynchronous_ps_worker_job_accumulating_micro_batches_matches_one_pr
     (test_horovod.py, test_cluster.py), which start the same processes.
     """
     train_here(tmp_path / "start", 1)
-    start = model_variables(tmp_path / "start")
+    start = checkpoint_variables(tmp_path / "start", "mlp/")
     warm = str(tmp_path / "start")
     train_here(tmp_path / "single", 2, warm_start=warm)
     ok(run_towers("local-cluster", *flags(JOB), "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
@@ -64,5 +57,5 @@ def test_an_asynchronous_ps_worker_job_accumulating_micro_batches_matches_one_pr
                   "--set", "train.accumulate_steps=2", "--set", "towers.devices=2",
                   "--set", f"train.warm_start.path={warm}",
                   "--ps", "1", "--workers", "1", timeout=240))
-    assert_same_and_trained(model_variables(tmp_path / "single"),
-                            model_variables(tmp_path / "c"), start)
+    assert_same_and_trained(checkpoint_variables(tmp_path / "single", "mlp/"),
+                            checkpoint_variables(tmp_path / "c", "mlp/"), start)

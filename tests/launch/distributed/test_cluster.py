@@ -15,6 +15,7 @@ import tensorflow as tf
 from cli_helpers import (
     Cluster,
     Process,
+    checkpoint_variables,
     environment,
     last_json,
     last_logged,
@@ -291,10 +292,7 @@ def test_towers_inside_a_worker_match_one_device_on_the_combined_batch(tmp_path)
                       "--set", f"train.warm_start.path={start_ckpt}",
                       "--set", "data.shuffle_buffer=0", "--ps", "1", "--workers", "1",
                       timeout=180))
-        reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
-        finals[devices] = {name: reader.get_tensor(name)
-                           for name in reader.get_variable_to_shape_map()
-                           if name.startswith("mlp/")}
+        finals[devices] = checkpoint_variables(ckpt, "mlp/")
     initial = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(start_ckpt)))
     assert finals[1].keys() == finals[2].keys() and finals[1]
     for name, value in finals[1].items():

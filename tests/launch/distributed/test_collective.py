@@ -11,7 +11,15 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import Cluster, last_json, ok, run_in_process, saved_steps, wait_until
+from cli_helpers import (
+    Cluster,
+    checkpoint_variables,
+    last_json,
+    ok,
+    run_in_process,
+    saved_steps,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -21,14 +29,9 @@ MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
        "--set", "train.log_every_steps=1", "--set", "cluster.startup_timeout_secs=90"]
 
 
-def model_variables(ckpt) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
-    return {n: reader.get_tensor(n) for n in reader.get_variable_to_shape_map()
-            if n.startswith("mlp/")}
-
-
 def assert_same_variables(expected_ckpt, got_ckpt, before: dict) -> None:
-    expected, got = model_variables(expected_ckpt), model_variables(got_ckpt)
+    expected = checkpoint_variables(expected_ckpt, "mlp/")
+    got = checkpoint_variables(got_ckpt, "mlp/")
     assert expected.keys() == got.keys() and expected
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, atol=1e-5, rtol=0, err_msg=name)
@@ -64,7 +67,7 @@ def test_two_then_three_workers_match_one_process_and_resume_across_modes(tmp_pa
     start = tmp_path / "start"
     in_process(start, "--set", "train.steps=1", "--set", "towers.devices=1",
                "--set", "train.batch_size=64")
-    initial = model_variables(start)
+    initial = checkpoint_variables(start, "mlp/")
     single, collective = tmp_path / "single", tmp_path / "collective"
     shutil.copytree(start, single)
     shutil.copytree(start, collective)
@@ -77,7 +80,7 @@ def test_two_then_three_workers_match_one_process_and_resume_across_modes(tmp_pa
     assert tf.train.latest_checkpoint(str(collective)).endswith("model.ckpt-4")
     assert_same_variables(single, collective, initial)
 
-    at_four = model_variables(collective)
+    at_four = checkpoint_variables(collective, "mlp/")
     single_again = tmp_path / "single_again"
     shutil.copytree(collective, single_again)  # one process resumes what the workers wrote
     in_process(single_again, "--set", "train.steps=5", "--set", "towers.devices=6",

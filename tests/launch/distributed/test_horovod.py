@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ROOT, environment, last_json, ok, run_towers
+from cli_helpers import ROOT, checkpoint_variables, environment, last_json, ok, run_towers
 
 from launch.config import from_dict
 from launch.distributed.horovod import HorovodError, Rank, rank_job
@@ -63,12 +63,6 @@ def rank_results(stdout: str) -> dict[int, dict]:
     return {int(rank): last_json(line) for rank, line in found}
 
 
-def model_variables(ckpt_dir) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith("mlp/")}
-
-
 @pytest.mark.e2e
 @needs_horovod
 def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
@@ -97,11 +91,11 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     assert (results[0]["size"], results[0]["accumulate_steps"]) == (2, 2)
     assert tf.train.latest_checkpoint(str(ranks)).endswith("model.ckpt-4")
 
-    expected, got = model_variables(single), model_variables(ranks)
+    expected, got = checkpoint_variables(single, "mlp/"), checkpoint_variables(ranks, "mlp/")
     assert expected.keys() == got.keys() and expected
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, atol=1e-5, rtol=0, err_msg=name)
-    initial = model_variables(start)
+    initial = checkpoint_variables(start, "mlp/")
     assert any(not np.allclose(initial[n], expected[n]) for n in expected), "nothing trained"
 
     # Rank 0 alone writes: one new event file, and rank 1 logs nothing.

@@ -5,8 +5,7 @@ import shutil
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from cli_helpers import ok, run_in_process
+from cli_helpers import checkpoint_variables, ok, run_in_process
 from test_horovod import horovodrun, needs_horovod, rank_results
 
 RESNET = ["--set", "model.name=resnet20", "--set", "model.image_size=8",
@@ -14,12 +13,6 @@ RESNET = ["--set", "model.name=resnet20", "--set", "model.image_size=8",
           "--set", "data.num_examples=256", "--set", "data.shuffle_buffer=0",
           "--set", "optimizer.name=momentum", "--set", "train.batch_size=12",
           "--set", "train.log_every_steps=1"]
-
-
-def resnet_variables(ckpt_dir) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith("resnet20/")}
 
 
 @pytest.mark.e2e
@@ -39,11 +32,12 @@ def test_two_ranks_of_sync_towers_train_like_one_device_on_the_whole_batch(tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["global_step"] for r in rank_results(result.stdout).values()] == [3, 3]
 
-    expected, got = resnet_variables(single), resnet_variables(ranks)
+    expected = checkpoint_variables(single, "resnet20/")
+    got = checkpoint_variables(ranks, "resnet20/")
     assert expected.keys() == got.keys()
     moving = [n for n in expected if "moving" in n]
     assert moving  # 6 examples a rank, 3 a tower: each alone would give other statistics
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, atol=1e-5, rtol=0, err_msg=name)
-    initial = resnet_variables(start)
+    initial = checkpoint_variables(start, "resnet20/")
     assert any(not np.allclose(initial[n], expected[n]) for n in moving), "nothing trained"

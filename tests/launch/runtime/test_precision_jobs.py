@@ -8,6 +8,7 @@ metrics, and neither stops nor fails. A 16-bit type this CPU emulates is said at
 import numpy as np
 import pytest
 import tensorflow as tf
+from cli_helpers import checkpoint_variables
 from prometheus_client import generate_latest
 
 from launch import devices, metrics
@@ -31,18 +32,13 @@ def run(ckpt, steps, lines=None, exporter=None, **sections):
     return train(from_dict(raw), exporter=exporter, write=write)
 
 
-def saved(ckpt) -> dict[str, np.ndarray]:
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
-
-
 def test_one_checkpoint_directory_resumes_in_every_precision(tmp_path):
     names = None
     for steps, precision in [(3, "float32"), (6, "mixed_float16"), (9, "mixed_bfloat16"),
                              (12, "float32")]:
         result = run(tmp_path, steps, towers={"precision": precision})
         assert (result["global_step"], result["precision"]) == (steps, precision)
-        values = saved(tmp_path)
+        values = checkpoint_variables(tmp_path)
         assert {v.dtype.name for v in values.values()} == {"float32", "int64"}
         assert names in (None, sorted(values))  # the same variables, whatever the precision
         names = sorted(values)
@@ -69,12 +65,12 @@ def test_export_serves_a_bfloat16_jobs_checkpoint_in_float32(tmp_path):
 
 def test_a_bfloat16_job_warm_starts_from_a_float32_checkpoint(tmp_path):
     run(tmp_path / "source", 3)
-    source = saved(tmp_path / "source")
+    source = checkpoint_variables(tmp_path / "source")
     # A step too small to move anything: what the job holds after it is what it started from.
     run(tmp_path / "target", 1, towers={"precision": "mixed_bfloat16"},
         optimizer={"learning_rate": 1e-12},
         train={"warm_start": str(tmp_path / "source")})
-    target = saved(tmp_path / "target")
+    target = checkpoint_variables(tmp_path / "target")
     model = [name for name in source if name.startswith("mlp/") and "Momentum" not in name]
     assert model
     for name in model:
