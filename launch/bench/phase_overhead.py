@@ -125,7 +125,7 @@ def median_interval(ratios: list[float], seed: int = 0) -> tuple[float, float]:
 def measure_job(name: str, args) -> tuple[str, str]:
     """Interleaved off/on blocks of one job: its side-by-side and its direct row."""
     from launch.config import load_job
-    from launch.runtime.step_phases import SAMPLE_BUDGET
+    from launch.runtime.step_phases import sample_interval
 
     job = load_job(None, JOBS[name])
     (off, _), (on, timed) = build_case(job, "off", False), build_case(job, "on", True)
@@ -146,7 +146,7 @@ def measure_job(name: str, args) -> tuple[str, str]:
     samples = timed.samples
     sample_ms = 1e3 * (timed.sampled_secs + timed.traced_extra_secs) / max(samples, 1)
     median_ms = 1e3 * statistics.median(timed.sample_costs or [0.0])
-    trained_rate = min(1 / job.train.phase_sample_secs, SAMPLE_BUDGET / (sample_ms / 1e3))
+    trained_rate = 1 / sample_interval(job.train.phase_sample_secs, sample_ms / 1e3)
     direct = plain_us / 1e6 / step_secs + sample_ms / 1e3 * trained_rate
     side = (f"| {name} | {args.rounds} x {steps} steps | {1 / step_secs:.2f} | "
             f"{statistics.median(on.rates):.2f} | {100 * (1 - statistics.median(ratios)):+.2f}% "

@@ -96,6 +96,19 @@ def phase_segments(ops: list[tuple], gaps_to: str, start: int | None = None,
     return segments
 
 
+def sample_interval(every_secs: float, cost_secs: float) -> float:
+    """Seconds from one sample to the next: train.phase_sample_secs, or longer when a
+    sample costs so much that sampling that often would spend over SAMPLE_BUDGET."""
+    return max(every_secs, cost_secs / SAMPLE_BUDGET)
+
+
+def trace_level(remote: bool) -> int:
+    """The cheapest trace level that gives a step's statistics: a server's session
+    (ps/worker) has its master collect them only for a full trace; an in-process
+    session gives them for a software trace, which costs less."""
+    return V1.RunOptions.FULL_TRACE if remote else V1.RunOptions.SOFTWARE_TRACE
+
+
 def _op_type(timeline_label: str) -> str:
     """'name = Conv2D(a, b)' -> 'Conv2D'; a label that is no op ('RecvTensor', a
     transfer a remote master records) -> ''."""
@@ -165,14 +178,12 @@ class StepPhaseHook(V1.train.SessionRunHook):
 
     gaps_to: the phase an instant with no op running counts for: `exchange` in a job
     of several processes (waiting for peers), else `compute`.
-    remote: the session is a server's (ps/worker), whose master collects step
-    statistics only for a full trace; an in-process session gives them for a software
-    trace, which costs less.
+    remote: the session is a server's (ps/worker): see trace_level.
     """
 
     def __init__(self, phases: StepPhases, every_secs: float, gaps_to: str = "compute",
                  remote: bool = False):
-        self._trace = V1.RunOptions.FULL_TRACE if remote else V1.RunOptions.SOFTWARE_TRACE
+        self._trace = trace_level(remote)
         self._phases = phases
         self._every = every_secs
         self._gaps_to = gaps_to
@@ -205,7 +216,7 @@ class StepPhaseHook(V1.train.SessionRunHook):
             self.samples += 1
             self.traced_extra_secs += extra
             cost = extra + reading
-            self._next_sample = self._started + max(self._every, cost / SAMPLE_BUDGET)
+            self._next_sample = self._started + sample_interval(self._every, cost)
         self._phases.add(seconds, shares)
 
 

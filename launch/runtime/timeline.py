@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from launch.runtime.step_phases import op_intervals, phase_segments
+from launch.runtime.step_phases import op_intervals, phase_segments, trace_level
 
 V1 = tf.compat.v1
 
@@ -36,7 +36,7 @@ def timeline_path(path: str, label: str) -> str:
 class TimelineHook(V1.train.SessionRunHook):
     """Traces this process's session runs first..last (counted from 1) and writes them.
 
-    remote: a server's session, which records step statistics only for a full trace.
+    remote: a server's session (see step_phases.trace_level).
     gaps_to: what a time with no op running counts as (see step_phases.split_step).
     """
 
@@ -44,7 +44,7 @@ class TimelineHook(V1.train.SessionRunHook):
                  remote: bool, write: Callable[[str], None]):
         self._path, self._label, self._gaps_to, self._write = path, label, gaps_to, write
         self._first, self._last = steps
-        self._trace = V1.RunOptions.FULL_TRACE if remote else V1.RunOptions.SOFTWARE_TRACE
+        self._trace = trace_level(remote)
         self._runs = 0
         self._started = 0.0
         self._events: list[dict] = []
