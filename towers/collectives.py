@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from towers.placement import device_type
+
 # Collective ops of a job use this group; the key only needs to be the same everywhere.
 GROUP_KEY = 1
 
@@ -39,8 +41,7 @@ class CollectiveGroup:
     @property
     def communication(self) -> str:
         """NCCL between GPUs; TensorFlow's ring elsewhere (its only CPU implementation)."""
-        kind = tf.DeviceSpec.from_string(self.device).device_type or "CPU"
-        return "nccl" if kind.upper() == "GPU" else "ring"
+        return "nccl" if device_type(self.device) == "GPU" else "ring"
 
     def instance_key(self) -> int:
         key = self._next_key

@@ -25,6 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from towers.placement import same_device
+
 GradientsFn = Callable[[list], list]
 
 
@@ -76,11 +78,6 @@ def packed_send(grads: list, variables: list, source: str, max_bytes: int) -> li
                                     strict=True):
                     out[j] = piece
     return out
-
-
-def same_device(a: str, b: str) -> bool:
-    """Whether two device strings name one device ("/cpu:0" and "/device:CPU:0" do)."""
-    return tf.DeviceSpec.from_string(a) == tf.DeviceSpec.from_string(b)
 
 
 def _flat_concat(values: list) -> tf.Tensor:

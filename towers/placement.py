@@ -89,6 +89,11 @@ def tower_device_fn(compute_device: str, variable_device: str | DeviceFn) -> Dev
     return place
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two device strings name one device ("/cpu:0" and "/device:CPU:0" do)."""
+    return tf.DeviceSpec.from_string(a) == tf.DeviceSpec.from_string(b)
+
+
 def device_type(device: str) -> str:
     """'GPU' for '/gpu:1' or '/job:worker/task:0/device:GPU:1'; '' when not given."""
     return (tf.DeviceSpec.from_string(device).device_type or "").upper()
