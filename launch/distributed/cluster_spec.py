@@ -72,6 +72,12 @@ class Task:
         return f"/job:{self.job_name}/task:{self.task_index}"
 
     @property
+    def label(self) -> str:
+        """'worker1', 'chief0': this task in the names of the files it writes (as
+        local-cluster names its tasks)."""
+        return f"{self.job_name}{self.task_index}"
+
+    @property
     def address(self) -> str:
         return self.cluster[self.job_name][self.task_index]
 

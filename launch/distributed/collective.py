@@ -174,7 +174,7 @@ class CollectiveRole(Role):
         )
         self._task, self._group = task, group
         self.deadline = StepDeadline(job.cluster)
-        self.label = f"{task.job_name}{task.task_index}"
+        self.label = task.label
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
         return [BroadcastHook(self._group, self._task.is_chief, ops.sync_op,

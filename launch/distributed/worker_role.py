@@ -40,7 +40,7 @@ class WorkerRole(Role):
             max_wait_secs=job.cluster.startup_timeout_secs,
             stop_grace_secs=1.0,
         )
-        self.label = f"{task.job_name}{task.task_index}"
+        self.label = task.label
         self._job, self._task, self._session = job, task, session
         self._write = write
         self._sync: sync_replicas.SyncReplicas | None = None

@@ -57,6 +57,7 @@ class Role:
         """How a stop signal ends this process's training: after the current step (a
         collective job's workers agree on the step first)."""
         return StopOnSignalHook(stop, self.unblock_op())
+
     def stall_cause(self) -> str:
         """What a step that has not finished for train.stall_warning_secs, and has got
         its batch, waits for; asked from another thread while it waits."""
