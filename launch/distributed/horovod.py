@@ -124,9 +124,15 @@ def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
         shard=(rank.rank, rank.size),
         reduce_gradients=all_reduce(hvd, share=local / batch),
         step_examples=batch,
-        sum_across_processes=lambda value: hvd.allreduce(value, op=hvd.Sum),
+        sum_across_processes=sum_over_ranks(hvd),
         pack_bytes=0,  # Horovod fuses tensors itself (HOROVOD_FUSION_THRESHOLD)
     )
+
+
+def sum_over_ranks(hvd: ModuleType) -> Callable[[tf.Tensor], tf.Tensor]:
+    """A tensor summed over every rank (synchronized batch norm's statistics, the stop
+    vote)."""
+    return lambda value: hvd.allreduce(value, op=hvd.Sum)
 
 
 def all_reduce(hvd: ModuleType, share: float) -> Callable[[list], list]:
@@ -206,8 +212,7 @@ class HorovodRole(Role):
         """Every rank stops after the same step: horovodrun signals each rank on its own,
         and a rank stopping a step early would leave the others in an all-reduce it
         never joins (Horovod then shuts down with an error)."""
-        hvd = self._hvd
-        return StopVoteHook(stop, lambda vote: hvd.allreduce(vote, op=hvd.Sum))
+        return StopVoteHook(stop, sum_over_ranks(self._hvd))
 
     def stall_cause(self) -> str:
         silent = self._reports.silent() if self._reports is not None else []
