@@ -11,6 +11,7 @@ Modules, lowest first:
 * ``model_section``: ``model`` (a name, a code path and the model's parameters).
 * ``data_options``: the data section's nested keys, ``data.schema`` (a TFRecord's
   feature layout, or a preset of one) and ``data.image`` (decoding, augmentation).
+* ``sources``: the data keys each ``data.source`` uses (``SOURCE_KEYS``, a line each).
 * ``training``: the sections of how a job trains (``towers``, ``optimizer``, ``train``,
   ``eval``) and their vocabularies (``OPTIMIZERS``, ``PRECISIONS`` ...).
 * ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
@@ -30,7 +31,6 @@ from launch.config.data_options import (
     RecordSchemaConfig,
 )
 from launch.config.job import (
-    DATA_SOURCES,
     ClusterConfig,
     DataConfig,
     JobConfig,
@@ -47,6 +47,7 @@ from launch.config.loading import (
     to_dict,
 )
 from launch.config.model_section import ModelConfig
+from launch.config.sources import SOURCE_KEYS, SourceKeys
 from launch.config.training import (
     EvalConfig,
     LossScaleConfig,
@@ -58,10 +59,10 @@ from launch.config.training import (
 )
 
 __all__ = [
-    "DATA_SOURCES",
     "FEATURE_KINDS",
     "PIXEL_KINDS",
     "SCHEMA_PRESETS",
+    "SOURCE_KEYS",
     "ClusterConfig",
     "ConfigError",
     "DataConfig",
@@ -76,6 +77,7 @@ __all__ = [
     "RunConfig",
     "ScheduleConfig",
     "SessionConfig",
+    "SourceKeys",
     "TowersConfig",
     "TrainConfig",
     "WarmStartConfig",

@@ -54,15 +54,13 @@ from launch.config.data_options import (
     record_schema,
 )
 from launch.config.model_section import ModelConfig, model_section
+from launch.config.sources import SOURCE_KEYS, check_source_keys
 from launch.config.training import (
     EvalConfig,
     OptimizerConfig,
     TowersConfig,
     TrainConfig,
 )
-
-DATA_SOURCES = ("synthetic", "builtin", "npz", "csv", "tfrecord")
-FILE_SOURCES = ("npz", "csv", "tfrecord")
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class DataConfig:
     N times).
     """
 
-    source: str = _field("builtin", choice(*DATA_SOURCES))
+    source: str = _field("builtin", choice(*SOURCE_KEYS))
     path: tuple[str, ...] | None = _field(None, optional(tuple_of(
         string, allow_single=True, non_empty=True)))
     eval_path: tuple[str, ...] | None = _field(None, optional(tuple_of(
@@ -120,35 +118,10 @@ class DataConfig:
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
-        source = values["source"]
-        if source in FILE_SOURCES and values["path"] is None:
-            raise Invalid(f"required when data.source is {source!r}", "path", ["source"])
-        if source not in FILE_SOURCES:
-            for key in ("path", "eval_path"):
-                if values[key] is not None:
-                    raise Invalid(
-                        f"only used when data.source is one of {', '.join(FILE_SOURCES)}, but it "
-                        f"is {source!r} (set data.source or remove {key})", key, ["source"],
-                    )
-        if values["schema"] is not None and source != "tfrecord":
-            raise Invalid(f"only used when data.source is 'tfrecord', but it is {source!r}",
-                          "schema", ["source"])
-        _check_columns(values, source)
-
-
-def _check_columns(values: dict[str, Any], source: str) -> None:
-    """data.feature_columns and data.num_classes: where they apply, and the label apart."""
-    if values["feature_columns"] is not None and source != "csv":
-        raise Invalid(f"only used when data.source is 'csv', but it is {source!r}",
-                      "feature_columns", ["source"])
-    if values["num_classes"] is not None and source not in ("npz", "csv"):
-        hint = " (a TFRecord source states it in data.schema.num_classes)" if (
-            source == "tfrecord") else ""
-        raise Invalid(f"only used when data.source is 'npz' or 'csv', but it is "
-                      f"{source!r}{hint}", "num_classes", ["source"])
-    if values["label_column"] in (values["feature_columns"] or ()):
-        raise Invalid(f"names the label column {values['label_column']!r}: the label is not "
-                      "a feature", "feature_columns", ["label_column"])
+        check_source_keys(values)
+        if values["label_column"] in (values["feature_columns"] or ()):
+            raise Invalid(f"names the label column {values['label_column']!r}: the label is "
+                          "not a feature", "feature_columns", ["label_column"])
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,6 @@ from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
-# Generated sources: synthetic repeats one batch without end, builtin makes as many
-# held-out examples as data.num_examples asks (20,000 by default, more than a periodic
-# evaluation needs). Each evaluation takes eval.steps batches, this many when it is null.
-GENERATED_SOURCES = ("synthetic", "builtin")
-GENERATED_SOURCE_BATCHES = 20
 # A stopped evaluator waits at most this long for a trainer still writing the checkpoint
 # directory (the chief of a job stopped with it) to save its final checkpoint, then
 # scores that one: a job's last checkpoint is the one most worth a score.
@@ -56,21 +51,8 @@ class _Extent:
 
 def _extent(job: JobConfig) -> _Extent:
     """eval.steps batches (None: to the data's end); a generated source, which has no
-    end, eval.steps or GENERATED_SOURCE_BATCHES."""
-    steps, source = job.eval.steps, job.data.source
-    if source not in GENERATED_SOURCES:
-        return _Extent(steps)
-    batches = steps or GENERATED_SOURCE_BATCHES
-    why = "eval.steps" if steps else f"eval.steps is null: {batches} for a generated source"
-    batch = job.eval.batch_size
-    if source == "synthetic":
-        return _Extent(batches, f"data.source synthetic repeats one generated batch, with no "
-                                f"end: an evaluation scores {batches} batches of {batch} ({why})")
-    held_out = job.data.num_examples
-    return _Extent(batches, f"data.source builtin generates {held_out} held-out examples "
-                            f"(data.num_examples): an evaluation scores the first "
-                            f"{min(held_out, batches * batch)}, at most {batches} batches of "
-                            f"{batch} ({why})")
+    end, says how many of its batches it scores instead."""
+    return _Extent(*data.source_of(job.data).eval_batches(job.eval.steps, job.eval.batch_size))
 
 
 def _reading_line(job: JobConfig, reads: _Extent) -> str:

@@ -11,7 +11,7 @@ import tensorflow as tf
 import models
 import towers
 from launch import data, modelref
-from launch.config import DataConfig, JobConfig
+from launch.config import JobConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, session_config, tower_devices
 from launch.errors import BadInput
 from launch.runtime import checkpoints
@@ -144,14 +144,7 @@ def preflight(plan: Plan, is_chief: bool = True) -> None:
     (the only process that writes them) the checkpoint paths."""
     job = plan.job
     try:
-        data.check_source(
-            job.data.source,
-            plan.model.input_spec,
-            path=job.data.path,
-            label_column=job.data.label_column,
-            schema=job.data.schema,
-            shard=plan.shard,
-        )
+        data.source_of(job.data).check(plan.model.input_spec, shard=plan.shard)
     except data.DataError as err:
         if plan.model.source == "built-in":
             raise
@@ -169,45 +162,18 @@ def preflight(plan: Plan, is_chief: bool = True) -> None:
 
 def data_where(job: JobConfig, training: bool = True) -> str:
     """The data a job reads, for messages: its paths, or its generated source."""
-    cfg = job.data
-    paths = cfg.path if training or not cfg.eval_path else cfg.eval_path
-    if paths is None:
-        return f"data.source {cfg.source}"
-    return data.describe(paths, list(paths))
+    return data.source_of(job.data).where(training)
 
 
 def input_line(plan: Plan) -> str | None:
     """What this process reads when it reads a share of a job's files (ps/worker,
     Horovod): its files, or every n-th record when there are fewer files than readers."""
-    cfg = plan.job.data
-    index, count = plan.shard
-    if count == 1 or cfg.source not in ("csv", "tfrecord"):
-        return None
-    files = data.resolve_files(cfg.path, cfg.source)
-    mine = data.files_of_shard(files, plan.shard)
-    if mine is None:
-        return (f"input: every {data.ordinal(count)} record of the {len(files)} file(s) of "
-                f"{data_where(plan.job)} (reader {index + 1} of {count}; fewer files than readers)")
-    shown = mine if len(mine) <= 4 else [*mine[:3], "...", mine[-1]]
-    return (f"input: {len(mine)} of {len(files)} files (reader {index + 1} of {count}): "
-            f"{', '.join(shown)}")
+    return data.source_of(plan.job.data).reader_line(plan.shard)
 
 
 def check_eval_data(plan: Plan) -> None:
     """The evaluation data checked as preflight checks the training data."""
-    cfg = plan.job.data
-    data.check_source(cfg.source, plan.model.input_spec, path=cfg.eval_path or cfg.path,
-                      label_column=cfg.label_column, schema=cfg.schema)
-
-
-def _repeats(cfg: DataConfig, training: bool) -> bool:
-    """Whether the input starts again at its end. Training data repeats until train.steps
-    unless data.epochs bounds it. Evaluation data is read once, so every example counts
-    once; only synthetic data, one generated batch, repeats (an evaluation takes a fixed
-    number of its batches)."""
-    if training:
-        return not cfg.epochs
-    return cfg.source == "synthetic"
+    data.source_of(plan.job.data).check(plan.model.input_spec, training=False)
 
 
 def input_tensors(plan: Plan, training: bool, batch_size: int,
@@ -217,28 +183,10 @@ def input_tensors(plan: Plan, training: bool, batch_size: int,
 
     skipped: where to count records skipped under ``data.on_bad_record: skip``.
     """
-    cfg = plan.job.data
-    path = cfg.path if training or not cfg.eval_path else cfg.eval_path
+    source, spec = data.source_of(plan.job.data), plan.model.input_spec
     with tf.device(plan.host):
-        dataset = data.make_dataset(
-            cfg.source,
-            plan.model.input_spec,
-            batch_size,
-            path=path,
-            label_column=cfg.label_column,
-            shuffle_buffer=cfg.shuffle_buffer,
-            num_parallel_calls=None if cfg.num_parallel_calls == "auto" else cfg.num_parallel_calls,
-            prefetch=None if cfg.prefetch == "auto" else cfg.prefetch,
-            threads=None if cfg.threads == "auto" else cfg.threads,
-            num_examples=cfg.num_examples,
-            seed=cfg.seed,
-            training=training,
-            shard=plan.shard if training else (0, 1),
-            schema=cfg.schema,
-            image=cfg.image,
-            skipped=skipped if cfg.on_bad_record == "skip" else None,
-            repeat=_repeats(cfg, training),
-        )
-        if training and cfg.epochs and cfg.epochs > 1:
-            dataset = dataset.repeat(cfg.epochs)  # each pass shuffled afresh, as repeat() is
+        if training:
+            dataset = source.training_dataset(spec, batch_size, plan.shard, skipped)
+        else:
+            dataset = source.eval_dataset(spec, batch_size, skipped)
         return data.input_tensors(dataset)
