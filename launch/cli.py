@@ -113,7 +113,7 @@ def _train_parser(commands) -> None:
         "--backend",
         choices=["horovod"],
         help="horovod: run as one rank of a horovodrun job "
-        "(the same as --set towers.variable_update=horovod)",
+        "(the same as --set cluster.backend=horovod)",
     )
 
 
@@ -190,7 +190,40 @@ def _data_parser(commands) -> None:
 def _load(args):
     from launch.config import load_job
 
-    return load_job(args.config, args.overrides, check_model=_check_model)
+    return load_job(args.config, args.overrides, arrangement=lambda job: _arrangement(args, job),
+                    check_model=_check_model)
+
+
+# The commands that run a job's processes under an arrangement (launch.config.arrangements);
+# the others (eval, export, ...) take the job as its cluster.backend names it.
+_ARRANGED = ("train", "ps", "worker", "local-cluster", "validate")
+
+
+def _arrangement(args, job) -> str:
+    """The arrangement this command runs the job under: cluster.backend's, or for auto the
+    command's choice from the cluster (a ps/worker task's from the one it resolves,
+    local-cluster's from --ps, validate's from the job file's cluster section). The job
+    is checked against it as it loads."""
+    from launch.config import choose
+
+    if args.command not in _ARRANGED:
+        return job.cluster.backend
+    if args.command in ("ps", "worker"):
+        cluster = _task(args, job).cluster
+    elif args.command == "local-cluster":
+        cluster = ("ps", "worker") if args.ps else ("worker",)
+    else:
+        cluster = tuple(name for name in ("ps", "worker", "chief") if getattr(job.cluster, name))
+    return choose(job.cluster.backend, None if args.command == "validate" else args.command,
+                  cluster)
+
+
+def _task(args, job):
+    """This ps or worker task's place in the cluster (launch.distributed.cluster)."""
+    from launch.distributed import cluster
+
+    flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
+    return cluster.resolve(job.cluster, flags, args.command)
 
 
 def _check_model(model) -> None:
@@ -222,15 +255,10 @@ def _serving(job, job_name: str):
 
 
 def _train(args, job) -> int:
-    if job.towers.variable_update == "horovod":
-        from launch.distributed import horovod
+    """One process, or one Horovod rank."""
+    from launch.distributed.arrangements import arrangement
 
-        _print_json(horovod.train(job))
-        return EXIT_OK
-    from launch.runtime.train import train
-
-    with _serving(job, "train") as exporter:
-        _print_json(train(job, exporter=exporter))
+    _print_json(arrangement(_arrangement(args, job)).run(job, None))
     return EXIT_OK
 
 
@@ -256,12 +284,10 @@ def _evaluator(args, job) -> int:
 
 
 def _cluster_task(args, job) -> int:
-    from launch.distributed import cluster_spec, ps, worker
+    """A ps or worker task of a ps/worker job, or a worker of a collective one."""
+    from launch.distributed.arrangements import arrangement
 
-    flags = cluster_spec.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
-    task = cluster_spec.resolve(job.cluster, flags, args.command)
-    run = ps.run_ps if args.command == "ps" else worker.run_worker
-    _print_json(run(job, task))
+    _print_json(arrangement(_arrangement(args, job)).run(job, _task(args, job)))
     return EXIT_OK
 
 
@@ -321,7 +347,7 @@ HANDLERS = {
 
 def _run(args) -> int:
     if getattr(args, "backend", None) == "horovod":
-        args.overrides.append("towers.variable_update=horovod")
+        args.overrides.append("cluster.backend=horovod")
     # A job file's mistakes are found before TensorFlow is imported (seconds of a
     # process's start-up), so they are reported at once.
     job = _load(args)

@@ -16,6 +16,8 @@ Modules, lowest first:
   ``eval``) and their vocabularies (``OPTIMIZERS``, ``PRECISIONS`` ...).
 * ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
   ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check.
+* ``arrangements``: what each ``cluster.backend`` (in_process, ps_worker, collective,
+  horovod) refuses, and which one a command runs a job under (``choose``).
 * ``loading``: YAML (duplicate and merge keys), ``--set`` overrides, ``ConfigError`` and
   which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict`` and
   ``dump_yaml``.
@@ -23,6 +25,7 @@ Modules, lowest first:
 The names below are the package's interface; import them from ``launch.config``.
 """
 
+from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose
 from launch.config.data_options import (
     FEATURE_KINDS,
     PIXEL_KINDS,
@@ -59,6 +62,8 @@ from launch.config.training import (
 )
 
 __all__ = [
+    "ARRANGEMENTS",
+    "BACKENDS",
     "FEATURE_KINDS",
     "PIXEL_KINDS",
     "SCHEMA_PRESETS",
@@ -81,6 +86,7 @@ __all__ = [
     "TowersConfig",
     "TrainConfig",
     "WarmStartConfig",
+    "choose",
     "derived_comments",
     "dump_yaml",
     "from_dict",

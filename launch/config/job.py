@@ -163,8 +163,14 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """cluster: ps/worker addresses for distributed jobs; all empty means in-process.
+    """cluster: how the job's processes are set out, and the addresses of its tasks.
 
+    backend: the arrangement (launch.config.arrangements): in_process, ps_worker,
+    collective or horovod; auto lets the command choose (`towers train`: one process;
+    `towers ps`/`worker`: a ps/worker job when the cluster has ps tasks, else a
+    collective one). Checked by the loader, which knows the arrangements.
+    ps / worker / chief / evaluator: the tasks' host:port addresses; all empty means
+    in-process, or a cluster given by flags or TF_CONFIG instead.
     chief: optional, at most one (as Kubeflow's TFJob writes it); without it worker 0
     is chief. evaluator: at most one; it runs no server. Timeouts bound every wait:
     startup for peers to come up, operation for a step (a dead peer becomes an
@@ -173,6 +179,7 @@ class ClusterConfig:
     to come back before the task gives up with exit status 138.
     """
 
+    backend: str = _field("auto", string)
     ps: tuple[str, ...] = _field((), unique(tuple_of(host_port)))
     worker: tuple[str, ...] = _field((), unique(tuple_of(host_port)))
     chief: tuple[str, ...] = _field((), tuple_of(host_port))
@@ -214,12 +221,6 @@ class JobConfig:
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
-        if values["data"].epochs is not None and values["towers"].variable_update == "horovod":
-            raise Invalid(
-                "not available with horovod: ranks whose data ran out at different steps would "
-                "wait for each other for ever; leave it unset and use train.steps",
-                "data.epochs", ["towers.variable_update"],
-            )
         train = values["train"]
         if train.sync and values["towers"].precision == "mixed_float16":
             raise Invalid(

@@ -28,7 +28,7 @@ from cli_helpers import FAST, ROOT, environment, last_json, run_towers, towers_c
 from launch import modelref
 from launch.cli import build_parser
 from launch.config import load_job
-from launch.distributed.cluster_spec import Flags, resolve
+from launch.distributed.cluster import Flags, resolve
 from launch.distributed.local_cluster import free_ports
 from launch.errors import EXIT_BAD_INPUT, EXIT_PEER_UNAVAILABLE
 

@@ -27,7 +27,7 @@ from cli_helpers import (
 )
 
 from launch.config import from_dict
-from launch.distributed.cluster_spec import ClusterError, Flags, resolve
+from launch.distributed.cluster import ClusterError, Flags, resolve
 from launch.distributed.local_cluster import free_ports
 
 # --- resolving the cluster from the job file, flags and TF_CONFIG ------------------------
@@ -92,8 +92,8 @@ def test_unclear_clusters_are_errors_naming_the_sources(cfg, flags, env, message
 # --- variable placement over ps tasks ----------------------------------------------------
 
 def test_two_ps_tasks_hold_resnet20_bytes_within_20_percent(graph):
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import worker_plan
+    from launch.distributed.arrangements.ps_worker.worker import worker_plan
+    from launch.distributed.cluster import Task
     from launch.runtime.train import build_training_graph
 
     job = from_dict({"model": {"name": "resnet20"}, "data": {"source": "synthetic"},
@@ -111,8 +111,8 @@ def test_two_ps_tasks_hold_resnet20_bytes_within_20_percent(graph):
 
 def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     """Name -> shape of what the chief of a job of `workers` workers saves."""
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import WorkerRole, worker_plan
+    from launch.distributed.arrangements.ps_worker.worker import WorkerRole, worker_plan
+    from launch.distributed.cluster import Task
     from launch.runtime.train import build_training_graph
 
     job = from_dict({"model": {"name": "mlp", "hidden_units": [8]}, "data": {"source": "synthetic"},
@@ -144,8 +144,8 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
     # TensorFlow leaves the SyncReplicasOptimizer's local step without a device, so the
     # placer put it on the ps, shared by every worker: a worker starting later reset it
     # to 0 and a resumed job's first gradients were dropped as stale, for ever.
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import WorkerRole, worker_plan
+    from launch.distributed.arrangements.ps_worker.worker import WorkerRole, worker_plan
+    from launch.distributed.cluster import Task
     from launch.runtime.train import build_training_graph
 
     job = from_dict({"model": {"name": "mlp", "hidden_units": [8]}, "data": {"source": "synthetic"},
@@ -162,8 +162,8 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
 
 
 def test_a_worker_takes_its_share_of_the_global_batch_and_of_the_data():
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import worker_plan
+    from launch.distributed.arrangements.ps_worker.worker import worker_plan
+    from launch.distributed.cluster import Task
 
     job = from_dict({"model": {"name": "mlp"}, "data": {"source": "synthetic"},
                      "train": {"batch_size": 64}, "towers": {"devices": 1}})

@@ -7,8 +7,8 @@ import pytest
 from cli_helpers import run_in_process
 
 from launch.config import from_dict
-from launch.distributed.cluster_spec import Flags, Task, resolve
-from launch.distributed.collective import collective_plan, peers
+from launch.distributed.arrangements.collective import collective_plan, peers
+from launch.distributed.cluster import Flags, Task, resolve
 from launch.distributed.local_cluster import plan_tasks
 
 HOSTS = ("10.0.1.0:2222", "10.0.1.1:2222", "10.0.1.2:2222")

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 from cli_helpers import ROOT, checkpoint_variables, environment, last_json, ok, run_towers
 
-from launch.config import from_dict
-from launch.distributed.horovod import HorovodError, Rank, rank_job
+from launch.config import ConfigError, from_dict
+from launch.distributed.arrangements.horovod import Rank, rank_job
 
 HOROVODRUN = shutil.which("horovodrun")
 
@@ -187,8 +187,8 @@ def test_too_many_ranks_on_a_host_or_a_device_list_is_an_error():
 
     with pytest.raises(DeviceError, match="local rank 2 needs GPUs 2...2 but this host has 2"):
         rank_job(job(), Rank(2, 3, 2), num_host_gpus=2)
-    with pytest.raises(HorovodError, match="a count of devices per rank"):
-        rank_job(job(devices=["/gpu:0"]), Rank(0, 1, 0), num_host_gpus=1)
+    with pytest.raises(ConfigError, match="a count of devices per rank"):
+        from_dict({"towers": {"devices": ["/gpu:0"]}, "cluster": {"backend": "horovod"}})
 
 
 @pytest.mark.e2e

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics
 from launch.config import MetricsConfig
-from launch.distributed.rank_reports import RankReports
-from launch.distributed.stragglers import OwnTimes, Straggler, StragglerWatch, straggler_line
+from launch.distributed.health.rank_reports import RankReports
+from launch.distributed.health.stragglers import OwnTimes, Straggler, StragglerWatch, straggler_line
 
 
 def times(own=0.0, input_wait=0.0, compute=0.0):

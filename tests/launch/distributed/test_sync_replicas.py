@@ -7,9 +7,9 @@ import time
 import tensorflow as tf
 
 from launch.config import from_dict
-from launch.distributed import sync_replicas
-from launch.distributed.cluster_spec import Task
-from launch.distributed.worker import WorkerRole, worker_plan
+from launch.distributed.arrangements.ps_worker import sync_replicas
+from launch.distributed.arrangements.ps_worker.worker import WorkerRole, worker_plan
+from launch.distributed.cluster import Task
 from launch.runtime.train import build_training_graph
 
 CANCELLED = tf.errors.CancelledError(None, None, "the session closed")

@@ -1,4 +1,5 @@
-"""`towers train` under horovodrun: one process per rank, gradients all-reduced by Horovod.
+"""``cluster.backend: horovod``, `towers train` under horovodrun: one process per rank,
+gradients all-reduced by Horovod.
 
     horovodrun -np 2 -H localhost:2 towers train -c job.yaml --backend horovod
 
@@ -24,10 +25,12 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
+from launch.config.arrangements import HorovodRules
 from launch.devices import DeviceError
-from launch.distributed.rank_reports import RankReports, rendezvous_url
-from launch.distributed.stop_vote import StopVoteHook
-from launch.distributed.stragglers import StragglerWatch
+from launch.distributed.cluster import Task
+from launch.distributed.health.rank_reports import RankReports, rendezvous_url
+from launch.distributed.health.stop_vote import StopVoteHook
+from launch.distributed.health.stragglers import StragglerWatch
 from launch.errors import BadInput
 from launch.log import log
 from launch.runtime.plan import Plan, make_plan
@@ -76,20 +79,10 @@ def rank_job(job: JobConfig, rank: Rank, num_host_gpus: int) -> JobConfig:
     Each rank pins towers.devices GPUs (1 for auto) starting at local_rank times
     that many, so ranks on one host never share a GPU. On a host without GPUs a
     rank builds its towers on CPU devices (1 for auto: one process per rank).
+    What a job cannot do under Horovod was refused as it loaded (HorovodRules.check):
+    towers.devices is a count here, or auto.
     """
-    if job.towers.gradient_dtype == "bfloat16":
-        raise HorovodError(
-            "towers.gradient_dtype: Horovod has no bfloat16 all-reduce; send 16-bit "
-            "gradients as float16 (Horovod's fp16 compression) or float32"
-        )
-    count = job.towers.devices
-    if count == "auto":
-        count = 1
-    if not isinstance(count, int):
-        raise HorovodError(
-            "towers.devices: under horovod give a count of devices per rank (or auto), "
-            f"not a list ({', '.join(count)}); each rank picks its own by local_rank"
-        )
+    count = 1 if job.towers.devices == "auto" else job.towers.devices
     session = job.session
     if num_host_gpus:
         first = rank.local_rank * count
@@ -225,6 +218,14 @@ class HorovodRole(Role):
 
     def finish(self, result: dict) -> dict:
         return {**result, "rank": self._rank.rank, "size": self._rank.size}
+
+
+class Horovod(HorovodRules):
+    """Horovod ranks: each `towers train` process under horovodrun is one."""
+
+    def run(self, job: JobConfig, task: Task | None = None,
+            write: Callable[[str], None] = log) -> dict:
+        return train(job, write)
 
 
 def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:

@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed.cluster_spec import Task
-from launch.distributed.ending import finished_queue
-from launch.distributed.liveness import Liveness, ps_rule
-from launch.distributed.server import start_server
-from launch.distributed.worker import identity, worker_plan
+from launch.distributed.arrangements.ps_worker.plan import worker_plan
+from launch.distributed.cluster import Task
+from launch.distributed.cluster.server import start_server
+from launch.distributed.health.ending import finished_queue
+from launch.distributed.health.liveness import Liveness, ps_rule
 from launch.log import log
 from launch.runtime.signals import StopSignals, ignore_from_now
 from launch.runtime.train import build_training_graph
@@ -23,7 +23,8 @@ V1 = tf.compat.v1
 
 def run_ps(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Serve variables until every worker has reported finished (or the grace runs out)."""
-    with metrics.serve(job.metrics, identity(job, task), write) as exporter:
+    identity = metrics.Identity(task.job_name, task.task_index, job.run.name)
+    with metrics.serve(job.metrics, identity, write) as exporter:
         if exporter is not None:
             exporter.gauge(
                 "towers_ps_variable_bytes", "Bytes of variables (and optimizer slots) on this ps"
