@@ -296,7 +296,7 @@ def _validate(args, job) -> int:
     resolved job as YAML after comment lines saying what the model resolved to."""
     from launch import modelref
     from launch.config import derived_comments, dump_yaml
-    from launch.runtime.train import check_startup
+    from launch.runtime.preflight import check_startup
 
     plan = check_startup(job)
     model = modelref.resolve(job.model)  # as the job names it: its own spec, if it declares one

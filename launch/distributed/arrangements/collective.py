@@ -35,7 +35,7 @@ from launch.distributed.health.step_deadline import StepDeadline, stuck_step
 from launch.distributed.health.stop_vote import StopVoteHook
 from launch.errors import PeerUnavailable
 from launch.log import log
-from launch.runtime.plan import Plan, make_plan
+from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.train import train
@@ -45,9 +45,8 @@ V1 = tf.compat.v1
 def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.CollectiveGroup]:
     """This worker's plan (its towers on its devices, its copy of the variables beside
     them, its share of the batch and data) and the collective group it reduces in."""
-    base = make_plan(job, processes=task.num_workers)
+    base = make_plan(job, Share(*task.share))
     global_batch = job.train.batch_size
-    batch = towers.shard_sizes(global_batch, task.num_workers)[task.worker_rank]
     devices = [f"{task.device}{d}" for d in base.devices]
     param = base.param_device
     if param != "least_loaded":
@@ -62,9 +61,8 @@ def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.Collective
         param_device=param,
         host=f"{task.device}/cpu:0",
         aggregation=home,
-        batch_size=batch,
-        shard=(task.worker_rank, task.num_workers),
-        reduce_gradients=towers.weighted_all_reduce(group, batch / global_batch),
+        reduce_gradients=towers.weighted_all_reduce(group,
+                                                    base.process_batch_size / global_batch),
         step_examples=global_batch,
         session=collective_session(base.session, task, job.cluster),
     )
@@ -190,7 +188,7 @@ def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], Non
         server = start_server(task, plan.session, write)
         wait_for_peers(peers(task), job.cluster.startup_timeout_secs, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
-              f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
+              f"{plan.process_batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}; no ps tasks: variables on every worker, gradients "
               f"all-reduced by collective ops ({group.communication})")
         role = CollectiveRole(job, task, server, group)

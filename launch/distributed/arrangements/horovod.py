@@ -33,7 +33,7 @@ from launch.distributed.health.stop_vote import StopVoteHook
 from launch.distributed.health.stragglers import StragglerWatch
 from launch.errors import BadInput
 from launch.log import log
-from launch.runtime.plan import Plan, make_plan
+from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.train import train as train_job
@@ -108,14 +108,11 @@ def rank_job(job: JobConfig, rank: Rank, num_host_gpus: int) -> JobConfig:
 
 def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
     """The in-process plan for this rank's towers, fed this rank's share of each batch."""
-    plan = make_plan(job, processes=rank.size)
+    plan = make_plan(job, Share(rank.rank, rank.size))
     batch = job.train.batch_size
-    local = towers.shard_sizes(batch, rank.size)[rank.rank]
     return dataclasses.replace(
         plan,
-        batch_size=local,
-        shard=(rank.rank, rank.size),
-        reduce_gradients=all_reduce(hvd, share=local / batch),
+        reduce_gradients=all_reduce(hvd, share=plan.process_batch_size / batch),
         step_examples=batch,
         sum_across_processes=sum_over_ranks(hvd),
         pack_bytes=0,  # Horovod fuses tensors itself (HOROVOD_FUSION_THRESHOLD)
@@ -241,7 +238,7 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
     with metrics.serve(job.metrics, identity, write) as exporter:
         plan = rank_plan(job, rank, hvd)
         write(f"horovod {version()}: rank {rank.rank} of {rank.size}, "
-              f"{plan.batch_size} of every {job.train.batch_size} examples")
+              f"{plan.process_batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank, job, write, exporter)
         return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
 

@@ -48,6 +48,12 @@ class Task:
         return self.task_index + len(self.cluster.get("chief", ()))
 
     @property
+    def share(self) -> tuple[int, int]:
+        """(worker_rank, num_workers): this task's part of every global batch and of the
+        data (launch.runtime.plan.Share); the ps and evaluator tasks read none."""
+        return self.worker_rank, self.num_workers
+
+    @property
     def device(self) -> str:
         return f"/job:{self.job_name}/task:{self.task_index}"
 

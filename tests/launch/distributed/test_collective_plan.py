@@ -19,8 +19,8 @@ JOB = {"model": {"name": "mlp"}, "data": {"source": "synthetic"},
 def test_each_worker_keeps_its_variables_on_itself_and_takes_its_share():
     job = from_dict(JOB)
     plans = [collective_plan(job, Task({"worker": HOSTS}, "worker", i)) for i in range(3)]
-    assert [p.batch_size for p, _ in plans] == [22, 21, 21]
-    assert [p.shard for p, _ in plans] == [(0, 3), (1, 3), (2, 3)]
+    assert [p.process_batch_size for p, _ in plans] == [22, 21, 21]
+    assert [p.share for p, _ in plans] == [(0, 3), (1, 3), (2, 3)]
     plan, group = plans[1]
     assert plan.devices == ["/job:worker/task:1/cpu:0", "/job:worker/task:1/cpu:1"]
     assert plan.param_device == plan.aggregation == group.device == "/job:worker/task:1/cpu:0"

@@ -10,15 +10,15 @@ import tensorflow as tf
 import towers
 from launch.config import ClusterConfig, JobConfig
 from launch.distributed.cluster import Task
-from launch.runtime.plan import Plan, make_plan
+from launch.runtime.plan import Plan, Share, make_plan
 
 V1 = tf.compat.v1
 
 
 def worker_plan(job: JobConfig, task: Task) -> Plan:
-    """Towers on this worker's devices, variables on the ps tasks (byte-balanced)."""
-    base = make_plan(job, processes=task.num_workers)
-    batch = towers.shard_sizes(job.train.batch_size, task.num_workers)[task.worker_rank]
+    """Towers on this worker's devices, variables on the ps tasks (byte-balanced); its
+    share of every global batch and of the data is its worker rank's."""
+    base = make_plan(job, Share(*task.share))
     setter = V1.train.replica_device_setter(
         cluster=task.cluster_spec(),
         worker_device=task.device,
@@ -31,8 +31,6 @@ def worker_plan(job: JobConfig, task: Task) -> Plan:
         param_device=setter,
         host=host,
         aggregation=host,
-        batch_size=batch,
-        shard=(task.worker_rank, task.num_workers),
         session=worker_session(base.session, task, job.cluster),
     )
 

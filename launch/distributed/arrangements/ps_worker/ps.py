@@ -16,7 +16,7 @@ from launch.distributed.health.ending import finished_queue
 from launch.distributed.health.liveness import Liveness, ps_rule
 from launch.log import log
 from launch.runtime.signals import StopSignals, ignore_from_now
-from launch.runtime.train import build_training_graph
+from launch.runtime.training_graph import build_training_graph
 
 V1 = tf.compat.v1
 
@@ -42,7 +42,7 @@ def hosted_bytes(job: JobConfig, task: Task) -> int:
     chief = Task(task.cluster, "chief" if "chief" in task.cluster else "worker", 0)
     graph = tf.Graph()
     with graph.as_default():
-        build_training_graph(worker_plan(job, chief))
+        build_training_graph(job, worker_plan(job, chief))
         held = 0
         for var in V1.global_variables():
             spec = tf.DeviceSpec.from_string(var.device)

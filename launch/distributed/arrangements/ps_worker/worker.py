@@ -44,7 +44,7 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
         server = start_server(task, plan.session, write)
         wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
-              f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
+              f"{plan.process_batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}")
         with _watching_ps(task, job, write), _quiet_queue_runner(task, job):
             role = WorkerRole(job, task, server, plan.session, write, exporter)
