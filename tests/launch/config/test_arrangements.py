@@ -3,7 +3,7 @@ each refusal stated once and found as the job loads (before TensorFlow, before a
 starts)."""
 
 import pytest
-from cli_helpers import run_in_process
+from helpers.commands import run_in_process
 
 from launch.config import ConfigError, choose, from_dict, load_job
 from launch.config.arrangements import CollectiveRules, HorovodRules, PsWorkerRules

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_helpers import read_all
+from helpers.data_files import read_all
 
 from launch.config import load_job
 from launch.data import (
@@ -246,7 +246,7 @@ def test_the_start_up_checks_read_the_jobs_own_columns_and_skips(tmp_path):
     """What `towers train` checks before its first step is the data as the job reads it:
     a column of text left out by data.feature_columns, and a bad row data.on_bad_record
     leaves out, are no reason to refuse the job."""
-    from cli_helpers import run_in_process
+    from helpers.commands import run_in_process
 
     path = tmp_path / "d.csv"
     path.write_text("a,b,note,label\n" + "".join(f"{i % 5},{i % 3},n{i},{i % 2}\n"

@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import (
+from helpers.checkpoints import checkpoint_variables
+from helpers.commands import (
     Cluster,
     Process,
-    checkpoint_variables,
     environment,
     last_json,
     last_logged,
@@ -404,19 +404,13 @@ def test_killed_tasks_started_again_rejoin_and_the_chief_resumes_from_its_checkp
 
 # --- metrics from every task ---------------------------------------------------------------
 
-def scrape(url: str) -> dict:
-    """{metric name: [(labels, value)]} from one real HTTP scrape; {} if not answering yet."""
-    import urllib.request
+def series(url: str) -> dict:
+    """{metric name: its labels and "value"} from one real HTTP scrape; {} if not answering
+    yet."""
+    from helpers.scrapes import families
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
     return {sample.name: sample.labels | {"value": sample.value}
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+            for family in families(url) for sample in family.samples}
 
 
 @pytest.mark.e2e
@@ -443,7 +437,7 @@ def test_every_task_serves_its_metrics_and_a_sigterm_saves_and_every_task_exits_
         deadline = time.monotonic() + 120
         while len(scraped) < 3 and time.monotonic() < deadline:
             for name, url in urls.items():
-                samples = scrape(url)
+                samples = series(url)
                 if ready(samples, name):
                     scraped[name] = samples
             time.sleep(0.5)

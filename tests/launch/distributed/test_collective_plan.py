@@ -4,7 +4,7 @@ session options, what is refused, and the cluster local-cluster gives it."""
 import json
 
 import pytest
-from cli_helpers import run_in_process
+from helpers.commands import run_in_process
 
 from launch.config import from_dict
 from launch.distributed.arrangements.collective import collective_plan, peers

@@ -197,7 +197,7 @@ def test_a_job_and_its_cluster_are_checked_without_tensorflow():
     import subprocess
     import sys
 
-    from cli_helpers import environment
+    from helpers.commands import environment
 
     code = (
         "import sys\n"
