@@ -254,14 +254,6 @@ def _serving(job, job_name: str):
     return metrics.serve(job.metrics, metrics.Identity(job_name, 0, job.run.name), log)
 
 
-def _train(args, job) -> int:
-    """One process, or one Horovod rank."""
-    from launch.distributed.arrangements import arrangement
-
-    _print_json(arrangement(_arrangement(args, job)).run(job, None))
-    return EXIT_OK
-
-
 def _eval(args, job) -> int:
     from launch.runtime.evaluate import evaluate
 
@@ -283,11 +275,13 @@ def _evaluator(args, job) -> int:
     return EXIT_OK
 
 
-def _cluster_task(args, job) -> int:
-    """A ps or worker task of a ps/worker job, or a worker of a collective one."""
+def _run_arranged(args, job) -> int:
+    """This process's part of the job, as its arrangement runs it: one process or one
+    Horovod rank (`train`), a ps or worker task (`ps`, `worker`)."""
     from launch.distributed.arrangements import arrangement
 
-    _print_json(arrangement(_arrangement(args, job)).run(job, _task(args, job)))
+    task = _task(args, job) if args.command in ("ps", "worker") else None
+    _print_json(arrangement(_arrangement(args, job)).run(job, task))
     return EXIT_OK
 
 
@@ -330,11 +324,11 @@ def _local_cluster(args, job) -> int:
 
 # Each command's handler: (parsed args, the loaded job) -> exit status.
 HANDLERS = {
-    "train": _train,
+    "train": _run_arranged,
     "eval": _eval,
     "devices": _devices,
-    "ps": _cluster_task,
-    "worker": _cluster_task,
+    "ps": _run_arranged,
+    "worker": _run_arranged,
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
     "bench": bench.run,
