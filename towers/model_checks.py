@@ -62,7 +62,8 @@ def _check_compute_type(ops: list[tf.Operation], made: list[tf.Variable],
                     f"Keras model made outside the model function keeps the dtype policy "
                     f"it was made with: make it inside the model function (towers gives its "
                     f"layers Keras' {precision.name} policy), or give it "
-                    f"dtype_policy='{precision.name}'")
+                    f"dtype_policy='{precision.name}' (a tf.Variable: read it cast to "
+                    f"ctx.compute_dtype)")
 
 
 def _source(tensor: tf.Tensor) -> tf.Operation:

@@ -3,17 +3,18 @@
 Each cell trains a tiny model (6 inputs, a 5-unit hidden layer, batch norm, tanh,
 3 classes) for 3 steps on N towers and on one device from the same start, and
 compares every variable (each replicated copy too) and each step's loss: float32 to
-1e-5, bfloat16 to BFLOAT16_TOLERANCE. Both runs must have moved their variables, the
-batch-norm moving statistics included, or agreement would prove nothing.
+1e-5, bfloat16 to 5e-3 plus 5e-3 of the value (TOLERANCE). Both runs must have moved
+their variables, the batch-norm moving statistics included, or agreement would prove
+nothing.
 
 The cells are generated from FACTORS, each factor's first value its base, by one rule:
   the base case: every feature on at once (replicated, 2 micro-batches, 2 towers on an
   uneven batch, get_variable regularizers, synchronized batch norm), so that what
-  goes wrong only when they meet shows there;
-  a pairwise cover of the RISKY factors (the update's path and what the model does):
-  for any two of them, every pair of their values is in some cell, the other factors
-  at their base (built greedily, deterministically), which holds every value of each;
-  and every other value of the other factors, one changed from the base at a time.
+  goes wrong only when they meet shows there; and
+  a pairwise cover of the factors: for any two factors, every pair of their values is
+  in some cell (so every value of each is too). It is built greedily and
+  deterministically: a cell starts from the first pair still uncovered, and each
+  other factor takes the value that covers most pairs still uncovered.
 
 Per-tower batch statistics are what batch norm means without synchronization, so the
 one-device reference normalizes the same groups of examples separately (the towers'
@@ -47,13 +48,20 @@ FACTORS = {
     "precision": ["float32", "mixed_bfloat16"],
     "nonfinite": ["apply", "raise", "skip"],
 }
-RISKY = ["mode", "accumulate_steps", "towers", "regularization", "batch_norm"]
-BATCH = {"even": 18, "uneven": 17}  # 18 splits evenly at every k and N here; 17 at none
+# 18 splits evenly at every k and N here, 19 unevenly at most. Each tower gets at least
+# 2 examples: the batch norm of 1 example is its offset whatever it is, and the float
+# noise of its (zero) gradient, times 1/sqrt(epsilon), is all that is left to compare.
+BATCH = {"even": 18, "uneven": 19}
 STEPS = 3
-FLOAT32_TOLERANCE = 1e-5
-# bfloat16 keeps 8 bits of mantissa: a tower sums its shard's gradient in bfloat16, one
-# device the whole batch's, and the sums round differently (about 2^-8 of a gradient).
-BFLOAT16_TOLERANCE = 2e-3
+# |towers - one device| <= atol + rtol * |one device|, per element.
+TOLERANCE = {
+    "float32": (1e-5, 0.0),
+    # bfloat16 keeps 8 bits of mantissa: a tower sums its shard's gradient in bfloat16,
+    # one device the whole batch's, and the sums round differently. Measured here: up to
+    # 3.2e-3 on a momentum slot of 0.12, 0.14% of a moving variance of 6.3 (oneDNN's
+    # bfloat16 kernels, and without them), so 5e-3 and 5e-3 of the value (about 2^-8).
+    "mixed_bfloat16": (5e-3, 5e-3),
+}
 MOVED = 2e-2  # what each of the model's variables must have moved by, at least
 WEIGHT_DECAY = 0.05
 MOMENTUM = 0.5  # of the batch-norm moving statistics: large steps, easy to see
@@ -62,30 +70,29 @@ EPSILON = 1e-3
 
 def cells() -> list[dict]:
     base = {name: values[0] for name, values in FACTORS.items()}
-    one_at_a_time = [{**base, name: value} for name, values in FACTORS.items()
-                     if name not in RISKY for value in values[1:]]
-    made = [base, *one_at_a_time, *pairwise_cover(base)]
-    unique = {cell_id(cell): cell for cell in made}
+    unique = {cell_id(cell): cell for cell in [base, *pairwise_cover()]}
     return list(unique.values())
 
 
-def pairwise_cover(base: dict) -> list[dict]:
-    """Cells in which every pair of values of two RISKY factors appears at least once."""
+def pairwise_cover() -> list[dict]:
+    """Cells in which every pair of values of two factors appears at least once."""
     def pairs(cell):
-        return {((a, cell[a]), (b, cell[b])) for a, b in itertools.combinations(RISKY, 2)}
+        return {((a, cell[a]), (b, cell[b])) for a, b in itertools.combinations(FACTORS, 2)
+                if a in cell and b in cell}
 
-    uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(RISKY, 2)
+    uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(FACTORS, 2)
                  for va in FACTORS[a] for vb in FACTORS[b]}
-    order = {(name, value): i for name in RISKY for i, value in enumerate(FACTORS[name])}
+    order = {(name, value): i for name, values in FACTORS.items()
+             for i, value in enumerate(values)}
     found = []
     while uncovered:
         (a, va), (b, vb) = min(uncovered, key=lambda p: (order[p[0]], order[p[1]], p[0][0],
                                                          p[1][0]))
-        cell = {**base, a: va, b: vb}
-        for name in RISKY:
-            if name not in (a, b):
-                cell[name] = max(FACTORS[name], key=lambda v, n=name: len(
-                    pairs({**cell, n: v}) & uncovered))
+        cell = {a: va, b: vb}
+        for name, values in FACTORS.items():
+            if name not in cell:  # ties go to the first value: the base, or the cheaper
+                cell[name] = max(values, key=lambda v, n=name: len(pairs({**cell, n: v})
+                                                                   & uncovered))
         found.append(cell)
         uncovered -= pairs(cell)
     return found
@@ -281,6 +288,13 @@ def reference(cell):
 SLOTS = ("/Momentum", "/Adam", "/Adam_1")
 
 
+def test_the_cells_hold_every_pair_of_values_of_any_two_factors():
+    made = cells()
+    for a, b in itertools.combinations(FACTORS, 2):
+        held = {(cell[a], cell[b]) for cell in made}
+        assert held == set(itertools.product(FACTORS[a], FACTORS[b])), (a, b)
+
+
 @pytest.mark.parametrize("cell", cells(), ids=cell_id)
 def test_towers_equal_one_device(cell):
     start, want, want_losses, _ = reference(cell)
@@ -290,15 +304,16 @@ def test_towers_equal_one_device(cell):
         cell, devices, variable_update=variable_update(cell["mode"], devices),
         accumulate_steps=cell["accumulate_steps"], nonfinite=cell["nonfinite"],
         batch_norm=batch_norm)
-    tolerance = FLOAT32_TOLERANCE if cell["precision"] == "float32" else BFLOAT16_TOLERANCE
+    atol, rtol = TOLERANCE[cell["precision"]]
     assert sorted(got) == sorted(want)
     for name in start:
         np.testing.assert_array_equal(first[name], start[name], err_msg=f"{name} at the start")
-    differences = {name: float(np.abs(got[name] - want[name]).max()) for name in want}
-    assert max(differences.values()) <= tolerance, differences
-    np.testing.assert_allclose(losses, want_losses, atol=tolerance, rtol=0)
+    beyond = {name: float(np.max(np.abs(got[name] - want[name]) - rtol * np.abs(want[name])))
+              for name in want}
+    assert max(beyond.values()) <= atol, f"differences beyond rtol * |value|: {beyond}"
+    np.testing.assert_allclose(losses, want_losses, atol=atol, rtol=rtol)
     for name, value in copies.items():  # tower_i/<name>: every copy took the same steps
-        np.testing.assert_allclose(value, got[name.split("/", 1)[1]], atol=tolerance, rtol=0,
+        np.testing.assert_allclose(value, got[name.split("/", 1)[1]], atol=atol, rtol=rtol,
                                    err_msg=name)
     # The model's variables, moving statistics included, must have moved, or agreement
     # would prove nothing (a moving mean no step updates is 0 on both sides).
@@ -368,5 +383,5 @@ def test_a_keras_layer_made_outside_trains_as_one_device_in_parameter_server_mod
 
     (start, want), (first, got) = run(["/cpu:0"]), run(["/cpu:0", "/cpu:1"])
     np.testing.assert_array_equal(first[0], start[0])
-    np.testing.assert_allclose(got[0], want[0], atol=FLOAT32_TOLERANCE, rtol=0)
+    np.testing.assert_allclose(got[0], want[0], atol=TOLERANCE["float32"][0], rtol=0)
     assert np.abs(want[0] - start[0]).max() > MOVED
