@@ -30,7 +30,8 @@ def of_tower(ops: list[tf.Operation]) -> list[tf.Operation]:
     made = set(ops)
     added = [u for u in (u if isinstance(u, tf.Operation) else u.op for u in collection)
              if u in made]
-    unrun = [op for op in unrun_assignments(ops) if op not in set(added)]
+    known = set(added)
+    unrun = [op for op in unrun_assignments(ops) if op not in known]
     collection.extend(unrun)
     return added + unrun
 
