@@ -14,8 +14,10 @@ module:attribute of your own code (found on sys.path, in model.path or beside
 the job file; see the README, "Train your own model").
 
 Progress goes to stderr; the last line on stdout is one JSON object with
-global_step, loss, examples_per_sec, the model's metrics, precision and
-accumulate_steps (and, in mixed_float16, loss_scale and overflow_steps). Re-running with
+global_step, loss, the model's metrics, job_examples_per_sec and
+process_examples_per_sec (the run's averages: every worker's or rank's examples, and
+this process's own; docs/figures.md), precision and accumulate_steps (and, in
+mixed_float16, loss_scale and overflow_steps). Re-running with
 the same checkpoint_dir resumes from its latest checkpoint; one trainer at a time
 (another finds it in use and exits 2). SIGTERM or Ctrl-C saves a checkpoint and exits 0.
 """

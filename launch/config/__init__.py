@@ -26,6 +26,7 @@ The names below are the package's interface; import them from ``launch.config``.
 """
 
 from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose
+from launch.config.checks import AUTO
 from launch.config.data_options import (
     FEATURE_KINDS,
     PIXEL_KINDS,
@@ -63,6 +64,7 @@ from launch.config.training import (
 
 __all__ = [
     "ARRANGEMENTS",
+    "AUTO",
     "BACKENDS",
     "FEATURE_KINDS",
     "PIXEL_KINDS",

@@ -204,10 +204,12 @@ class TrainConfig:
     # end the process (exit status 138, retryable).
     stall_warning_secs: float = _field(60.0, number(float, gt=0))
     stall_abort_secs: float | None = _field(None, optional(number(float, gt=0)))
-    # ps/worker: a worker whose own time per step is straggler_ratio times the others'
-    # median for straggler_steps steps is named by the chief.
+    # ps/worker, Horovod: a worker whose own time per step is straggler_ratio times the
+    # others' median, and straggler_min_secs more, for straggler_steps of the chief's
+    # steps (and a window of its own) is named by the chief.
     straggler_ratio: float = _field(1.5, number(float, gt=1))
     straggler_steps: int = _field(50, positive_int)
+    straggler_min_secs: float = _field(0.02, number(float, ge=0))
     # A Chrome trace-event file of this process's session runs timeline_steps[0]..[1].
     timeline: str | None = _field(None, optional(string))
     timeline_steps: tuple[int, ...] = _field((5, 15), tuple_of(positive_int))

@@ -14,11 +14,11 @@ from launch.devices import emulation_note
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
+from launch.runtime.advice import Setup, advice, bottleneck
 from launch.runtime.hooks import (
     DataEndHook,
     LossScaleHook,
     PlacementTraceHook,
-    ProgressHook,
     SkipNonFiniteHook,
     StopAtStepHook,
     nonfinite_stops,
@@ -27,10 +27,11 @@ from launch.runtime.optim import batch_scale
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import preflight
 from launch.runtime.profile import ProfileHook, profile_dir
+from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.stall import StallWatch
-from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
 from launch.runtime.training_graph import build_training_graph
 
@@ -100,7 +101,8 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
         with data.input_errors(where):
             _run_session(job.train, plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
-    _report_phases(loop.phases, result, write)
+    _report_phases(loop.phases, result, write, lambda shares: advice(
+        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers()))
     if result.get("stopped_by") == "end of data":
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} of {job.train.steps}; training ends there")
@@ -159,7 +161,8 @@ def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> 
     """Every hook of the session, in the order they must run."""
     cfg = job.train
     served = metrics.training_hooks(
-        exporter, ops, rate, len(plan.devices), plan.examples_per_step, job.session
+        exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session,
+        plan.job_examples_per_step if role.writes else None,  # one series per job
     )
     phases = StepPhases(served.on_phases)
     # With peers, an instant with no op running here is a wait for them.
@@ -169,13 +172,15 @@ def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> 
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
-        plan.examples_per_step,
+        plan.process_batch_size,
         cfg.steps,
         cfg.log_every_steps,
         cfg.checkpoint_dir if role.writes else None,
         write,
         on_step=served.on_step,  # hands its fetched values to the metrics
-        phases=lambda: shares_text(phases.take_window()),
+        phases=phases.window_text,
+        job_examples_per_step=plan.job_examples_per_step,
+        process=role.label or None,
     )
     stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
     hooks = [
@@ -242,7 +247,8 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     if loop.progress.steps_run:
         result = loop.progress.record.as_dict()
     else:  # a finished job run again: no step, so no loss to report
-        result = {"global_step": loop.stop_at.start_step or 0, "examples_per_sec": 0.0}
+        result = {"global_step": loop.stop_at.start_step or 0, "job_examples_per_sec": 0.0,
+                  "process_examples_per_sec": 0.0}
     result["steps_run"] = loop.progress.steps_run
     result["precision"] = job.towers.precision
     result["accumulate_steps"] = job.train.accumulate_steps
@@ -264,9 +270,10 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     return role.finish(result)
 
 
-def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None]) -> None:
+def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None],
+                   advise: Callable[[dict[str, float]], str]) -> None:
     """Where this process's step time went, in the result and in two lines: the shares
-    and the advice they call for."""
+    and the advice they call for (`advise`)."""
     shares = phases.shares()
     if not shares:  # no step was sampled (none run, or a single one)
         return
@@ -274,7 +281,7 @@ def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None
     result["bottleneck"] = bottleneck(shares)
     write(f"where the step time went: {shares_text(shares)} of "
           f"{sum(phases.total.values()):.1f} s in steps")
-    write(f"advice: {advice(shares)}")
+    write(f"advice: {advise(shares)}")
 
 
 def _announce_resume(checkpoint: str | None, write: Callable[[str], None]) -> None:

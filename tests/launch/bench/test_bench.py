@@ -247,8 +247,8 @@ def test_horovod_rate_is_rank_0s_last_result(prefix):
     the whole job, so other ranks' results and rank 0's earlier lines are ignored."""
     from launch.bench import cluster_rate
 
-    lines = [(1, '{"examples_per_sec": 5.0}'), (0, "towers: step 20/40"),
-             (0, '{"examples_per_sec": 7.0}'), (1, '{"examples_per_sec": 6.0}')]
+    lines = [(1, '{"job_examples_per_sec": 5.0}'), (0, "towers: step 20/40"),
+             (0, '{"job_examples_per_sec": 7.0}'), (1, '{"job_examples_per_sec": 6.0}')]
     stdout = "\n".join(prefix.format(rank=rank) + text for rank, text in lines)
     assert cluster_rate("horovod", stdout, "") == 7.0
 

@@ -101,6 +101,7 @@ train:
   stall_abort_secs: null
   straggler_ratio: 1.5
   straggler_steps: 50
+  straggler_min_secs: 0.02
   timeline: null
   timeline_steps: [5, 15]
   profile_steps: null

@@ -47,6 +47,7 @@ class WorkerRole(Role):
         self._end: JobEndHook | None = None
         self._exporter = exporter
         self._reports: PeerReportHook | None = None
+        self._stragglers: StragglerWatch | None = None
         self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
@@ -69,12 +70,15 @@ class WorkerRole(Role):
 
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""
-        cfg = self._job.train
-        stragglers = StragglerWatch(cfg.straggler_ratio, cfg.straggler_steps, self._write,
-                                    self._exporter) if self.is_chief else None
+        stragglers = StragglerWatch.for_job(self._job.train, self._write, self._exporter) \
+            if self.is_chief else None
         self._reports = PeerReportHook(PeerReports(self._task), stragglers)
+        self._stragglers = stragglers
         phases.listen(self._reports.times.on_phases)
         return self._reports
+
+    def stragglers(self) -> list[str]:
+        return self._stragglers.named if self._stragglers is not None else []
 
     def stall_cause(self) -> str:
         """Which workers stopped reporting, or that ps 0 does not answer."""
