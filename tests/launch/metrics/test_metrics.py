@@ -8,6 +8,7 @@ installs; without them these tests fail (not skip) and say so.
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -463,6 +464,17 @@ def test_a_training_scrape_has_every_promised_series(training):
     for name, series in found.items():
         for labels, _ in series:
             assert {"job": "train", "task": "0", "run": RUN}.items() <= labels.items(), name
+
+
+@pytest.mark.e2e
+def test_every_series_the_grafana_dashboard_draws_is_one_training_serves(training):
+    """A renamed series breaks the dashboard's panel silently: its series must exist."""
+    with open(os.path.join(ROOT, "docker", "grafana", "towers-dashboard.json")) as f:
+        exprs = [t["expr"] for p in json.load(f)["panels"] for t in p.get("targets", [])]
+    drawn = {name for expr in exprs for name in re.findall(r"\b((?:towers|process)_\w+)\{", expr)}
+    assert "towers_job_examples_per_second" in drawn
+    served = set(samples(training.scrapes[-1]))
+    assert drawn - set(metrics.GPU_METRICS) <= served, drawn - served  # GPU hosts only
 
 
 @pytest.mark.e2e
