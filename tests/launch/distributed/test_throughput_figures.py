@@ -4,7 +4,8 @@ start-up line), over the span from the first worker's start to the last one's en
 chief reports the job's rate from the global step instead; the two agree within 5%, for
 a 2-worker ps/worker job (asynchronous: each worker's step moves the global step by one)
 and for a collective one (every worker in every step). The chief's own rate is about
-half of it: what towers reported as the job's before (1b32783)."""
+half of it: what towers reported as the job's before (1b32783). Both workers' results
+name the step the job ended at."""
 
 import json
 import re
@@ -42,3 +43,7 @@ def test_the_jobs_examples_per_sec_is_what_its_workers_records_add_up_to(tmp_pat
           f"the chief's own {reported['process_examples_per_sec']:.1f}")
     assert reported["job_examples_per_sec"] == pytest.approx(recomputed, rel=0.05)
     assert reported["process_examples_per_sec"] < 0.75 * recomputed  # one worker's of two
+    # Every worker's result names the step the job ended at: the chief's final checkpoint's
+    # (an asynchronous worker still stepping as the job stopped once said one less).
+    steps = {name: result["global_step"] for name, (result, _) in records.items()}
+    assert steps["worker1"] == steps["worker0"] == int(reported["checkpoint"].rsplit("-", 1)[1])
