@@ -80,16 +80,23 @@ def test_a_rule_two_arrangements_share_is_stated_once():
         assert texts[0] == texts[1]
 
 
-def test_local_cluster_refuses_before_any_task_starts(tmp_path):
-    result = run_in_process("local-cluster", "--ps", "0", "--workers", "2",
-                            "--set", "data.epochs=1",
+@pytest.mark.parametrize("ps, setting, refusal", [
+    ("0", "data.epochs=1",
+     "data.epochs: not available in a collective job (no ps tasks): its processes step "
+     "together and their shares of the data may end at different steps, leaving the others "
+     "waiting for ever; leave it unset and bound the job with train.steps"),
+    ("1", "towers.batch_norm=sync",
+     "towers.batch_norm: sync is not available in ps/worker jobs: the workers do not share "
+     "batch statistics"),
+])
+def test_local_cluster_refuses_once_before_any_task_starts(tmp_path, ps, setting, refusal):
+    """Once, by the launcher: a task started would print it again (and this tier's guard
+    fails a test that starts a process)."""
+    result = run_in_process("local-cluster", "--ps", ps, "--workers", "2", "--set", setting,
                             "--set", f"train.checkpoint_dir={tmp_path / 'c'}")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        "towers: error: --set: data.epochs: not available in a collective job (no ps tasks): "
-        "its processes step together and their shares of the data may end at different "
-        "steps, leaving the others waiting for ever; leave it unset and bound the job with "
-        "train.steps"]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"towers: error: --set: {refusal}"), lines
     assert not (tmp_path / "c").exists()
 
 
