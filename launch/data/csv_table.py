@@ -241,12 +241,16 @@ def _row_problem(row: list[str], names: list[str], used: list[int]) -> tuple[str
             "from 0)"), names[used[-1]]
 
 
+# The fix for a label that is a class's name, in the cause: skipping such rows is none.
+NUMBER_THE_CLASSES = "number the classes before training; names are not mapped"
+
+
 def _not_a_number(cell: str, label: bool) -> str:
     if not cell:
         return "the cell is blank"
     if label:
-        return (f"{cell!r} is not a class id: labels are whole numbers from 0 (number "
-                "the classes before training; names are not mapped)")
+        return (f"{cell!r} is not a class id: labels are whole numbers from 0 "
+                f"({NUMBER_THE_CLASSES})")
     return f"{cell!r} is not a number"
 
 
@@ -337,12 +341,20 @@ def no_examples(where: str, bad: Sequence[BadRow], count: int) -> DataError:
 
 
 def bad_row_error(table: CsvTable, first: BadRow, count: int) -> DataError:
-    """The error of a source with ``count`` bad rows, ``first`` the first of them. When
-    no row is good, the likeliest cause is a column that is not a feature at all."""
-    if not len(table.labels) and first.column not in (None, table.label_column):
+    """The error of a source with ``count`` bad rows, ``first`` the first of them, with
+    the hint that fits its cause. Skipping bad rows (data.on_bad_record: skip) is offered
+    only where it leaves data and fixes something: never when no row is good, nor for
+    labels that are classes' names, which are to be numbered. When no row is good, the
+    likeliest cause is a column that is not a feature at all."""
+    none_good = not len(table.labels)
+    if none_good and first.column not in (None, table.label_column):
         return DataError(f"{first} (and every other row; if {first.column!r} is not a "
                          "feature, leave it out: data.feature_columns names the features)")
+    if none_good:
+        return DataError(f"{first} (and every other row)")
     rows = "1 bad row" if count == 1 else f"{count} bad rows"
+    if NUMBER_THE_CLASSES in first.cause:
+        return DataError(f"{first} ({rows})")
     return DataError(f"{first} ({rows}; data.on_bad_record: skip leaves bad rows out)")
 
 
