@@ -38,7 +38,7 @@ from launch.cli_help import (
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
 from launch.log import log, quiet_tensorflow, use_graph_mode
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, is_work_done, work_done
 
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -354,6 +354,8 @@ class _StoppedBeforeStart(Exception):
 
 
 def _stop_before_start(name: str) -> None:
+    if is_work_done():  # the job has ended: it hands over its result and exits 0
+        return
     raise _StoppedBeforeStart(name)
 
 
@@ -363,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("towers: error: --shards must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     source = args.config or "<built-in job>"
+    work_done(False)
     # Until training begins (its loop then takes these signals over), a stop request
     # finds nothing to save: exit cleanly instead of dying by the signal, so an
     # orchestrator or local-cluster sees a task that stopped, not one that failed.

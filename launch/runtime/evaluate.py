@@ -25,7 +25,7 @@ from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.inputs import input_tensors
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import check_data
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, work_done
 
 V1 = tf.compat.v1
 
@@ -170,9 +170,9 @@ def evaluate(
                 f"(towers.TowerOutputs(loss, metrics, predictions=...))")
         write(_reading_line(job, plan, reads))
         scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write)
-        if not watch:
-            return scorer(path, predictions)
-        return _watch(job, scorer, timeout, write)
+        result = scorer(path, predictions) if not watch else _watch(job, scorer, timeout, write)
+    work_done()  # a stop signal from now on meets an evaluation that has ended
+    return result
 
 
 @dataclass

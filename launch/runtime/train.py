@@ -29,7 +29,7 @@ from launch.runtime.preflight import preflight
 from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, work_done
 from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
@@ -74,7 +74,9 @@ def train(
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
-        return _train(job, plan, role, exporter, write)
+        result = _train(job, plan, role, exporter, write)
+    work_done()  # a stop signal from now on meets a job that has ended
+    return result
 
 
 def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
