@@ -10,6 +10,7 @@ Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 line on stderr and nothing written; 3 diverged (a non-finite loss or gradient,
 never applied; the latest checkpoint holds the last good weights); 4 a resource
 failed mid-run (a checkpoint could not be written; the previous one is intact);
+5 out of memory (one line: the device, the batch per tower, what to change);
 138 a peer task of a ps/worker job could not be reached in time (retryable:
 restart the task).
 """

@@ -23,6 +23,7 @@ from launch.config import JobConfig, SessionConfig
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.inputs import input_tensors
+from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import check_data
 from launch.runtime.signals import StopSignals, work_done
@@ -162,7 +163,11 @@ def evaluate(
     where = plan.source.where(training=False)
     skipped = data.SkippedRecords(where, write)
     graph = tf.Graph()
-    with graph.as_default(), data.input_errors(where):
+    batch = job.eval.batch_size
+    too_large = out_of_memory(
+        f"at {tower_batch(batch, len(plan.devices))} examples per tower (eval.batch_size "
+        f"{batch} over {len(plan.devices)} tower(s))", "lower eval.batch_size")
+    with graph.as_default(), data.input_errors(where), too_large:
         ops, saver = _build(job, plan, skipped)
         if predictions and ops.predictions is None:
             raise checkpoints.CheckpointError(

@@ -224,18 +224,19 @@ def nonfinite_stops(checkpoint_dir: str | None) -> Iterator[None]:
             raise
         raise Diverged(_diverged_message(found[0], checkpoint_dir)) from None
     except Diverged as err:
-        raise Diverged(f"training diverged: {err}. {_latest_text(checkpoint_dir)}") from None
+        raise Diverged(f"training diverged: {err}. {latest_text(checkpoint_dir)}") from None
 
 
 def _diverged_message(what: str, checkpoint_dir: str | None) -> str:
     return (
         f"training diverged: {what} (NaN or infinite); the step was not applied. "
-        f"{_latest_text(checkpoint_dir)}. Lower optimizer.learning_rate, set "
+        f"{latest_text(checkpoint_dir)}. Lower optimizer.learning_rate, set "
         "optimizer.clip_norm, or set train.on_nonfinite: skip"
     )
 
 
-def _latest_text(checkpoint_dir: str | None) -> str:
+def latest_text(checkpoint_dir: str | None) -> str:
+    """What a run that stopped without saving leaves: the latest checkpoint, named."""
     if checkpoint_dir is None:  # not the chief, which may be on another machine
         return "The chief's latest checkpoint holds the last good weights"
     latest = tf.train.latest_checkpoint(checkpoint_dir) if checkpoint_dir else None

@@ -21,9 +21,11 @@ from launch.runtime.hooks import (
     PlacementTraceHook,
     SkipNonFiniteHook,
     StopAtStepHook,
+    latest_text,
     nonfinite_stops,
 )
 from launch.runtime.optim import batch_scale
+from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import preflight
 from launch.runtime.profile import ProfileHook, profile_dir
@@ -222,9 +224,12 @@ def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> 
 def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: _Loop,
                  stop: StopSignals) -> None:
     # A diverged step raises; the session then closes without saving (no hook's end()).
-    diverged = nonfinite_stops(cfg.checkpoint_dir if role.writes else None)
+    saved = cfg.checkpoint_dir if role.writes else None
+    diverged = nonfinite_stops(saved)
     unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4
-    with stop, unwritable, diverged, V1.train.MonitoredTrainingSession(
+    too_large = out_of_memory(_batch_text(cfg, plan), _MEMORY_FIX.format(cfg.accumulate_steps),
+                              lambda: latest_text(saved))  # one line, exit 5
+    with stop, unwritable, diverged, too_large, V1.train.MonitoredTrainingSession(
         master=role.master,
         is_chief=role.is_chief,
         max_wait_secs=role.max_wait_secs,
@@ -242,6 +247,21 @@ def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: 
     ) as sess:
         while not (loop.stop_at.done_at_start or sess.should_stop()):
             sess.run(ops.train_op)
+
+
+_MEMORY_FIX = ("lower train.batch_size, or raise train.accumulate_steps (now {}) to train the "
+               "same global batch in smaller micro-batches")
+
+
+def _batch_text(cfg: TrainConfig, plan: Plan) -> str:
+    """'at 50000000 examples per tower (this process's 100000000 of train.batch_size
+    100000000, over 2 towers)': what the devices compute on at once."""
+    micro = cfg.accumulate_steps
+    per_tower = tower_batch(plan.process_batch_size, len(plan.devices), micro)
+    mine = "" if plan.share.count == 1 else f"this process's {plan.process_batch_size} of "
+    parts = f", in {micro} micro-batches" if micro > 1 else ""
+    return (f"at {per_tower} examples per tower ({mine}train.batch_size {cfg.batch_size} "
+            f"over {len(plan.devices)} tower(s){parts})")
 
 
 def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
