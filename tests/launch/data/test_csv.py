@@ -139,6 +139,19 @@ def test_class_names_for_labels_are_told_to_be_numbered_never_skipped(tmp_path):
                          "(1 bad row)") and "skip" not in some, some
 
 
+def test_a_cell_that_is_not_a_finite_number_is_a_bad_row(graph, tmp_path):
+    path = tmp_path / "d.csv"
+    features, _ = write_table(path, rows=20)
+    write_table(path, rows=20, spoil={4: with_cell(path, 4, 3, "nan"),
+                                      7: with_cell(path, 7, 0, "-inf")})
+    assert _error(path).endswith("d.csv: line 6, column 'x3': nan is not a finite number "
+                                 "(2 bad rows; data.on_bad_record: skip leaves bad rows out)")
+    skipped = SkippedRecords(str(path), lambda line: None)
+    read, _ = read_all(make_dataset("csv", TABLE, 18, path=str(path), training=False,
+                                    repeat=False, skipped=skipped))
+    assert skipped.count == 2 and np.allclose(read, np.delete(features, [4, 7], axis=0))
+
+
 def test_a_blank_cell_among_good_rows_may_be_skipped(tmp_path):
     path = tmp_path / "d.csv"
     write_table(path, rows=20)
