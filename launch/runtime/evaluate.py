@@ -9,6 +9,7 @@ batches instead, which the log and the result say.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -69,6 +70,24 @@ def _reading_line(job: JobConfig, plan: Plan, reads: _Extent) -> str:
             "(eval.steps)")
 
 
+def _evaluating(plan: Plan, job: JobConfig) -> Plan:
+    """The plan evaluation runs: in float32, as the exported model computes, unless
+    eval.precision is training (towers.precision's)."""
+    if job.eval.precision == "training":
+        return plan
+    return dataclasses.replace(plan, precision=towers.Precision("float32"))
+
+
+def _precision_line(job: JobConfig) -> str:
+    """What a 16-bit job's evaluation computes in, said once at the start."""
+    if job.eval.precision == "training":
+        return (f"evaluating in {job.towers.precision}, the training precision "
+                "(eval.precision: training): scores differ from the exported model's, which "
+                "computes in float32, by 16-bit rounding")
+    return (f"evaluating in float32, as the exported model computes (eval.precision: "
+            f"float32; 'training' computes in {job.towers.precision})")
+
+
 def _build(job: JobConfig, plan: Plan,
            skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
     features, labels = input_tensors(plan, training=False, batch_size=job.eval.batch_size,
@@ -117,7 +136,8 @@ def _score(plan: Plan, ops: towers.EvalOps, saver, checkpoint: str, reads: _Exte
         key = "data.eval_path" if plan.source.cfg.eval_path else "data.path"
         raise data.DataError(f"{key}: {plan.source.where(training=False)} holds no examples "
                              "to evaluate")
-    result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples}
+    result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples,
+              "precision": plan.precision.name}
     result.update({name: total / examples for name, total in sums.items()})
     if predictions:
         np.save(predictions, np.concatenate(predicted))
@@ -150,7 +170,7 @@ def evaluate(
     predictions: with one checkpoint, also write the model's predictions for the
     examples scored to this .npy file.
     """
-    plan = make_plan(job)
+    plan = _evaluating(make_plan(job), job)
     check_data(plan, training=False)
     train_dir = job.train.checkpoint_dir
     summary_dir = os.path.join(train_dir, "eval")
@@ -174,6 +194,8 @@ def evaluate(
                 f"--predictions: model {plan.model.name} returns no predictions "
                 f"(towers.TowerOutputs(loss, metrics, predictions=...))")
         write(_reading_line(job, plan, reads))
+        if job.towers.precision != "float32":
+            write(_precision_line(job))
         scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write)
         result = scorer(path, predictions) if not watch else _watch(job, scorer, timeout, write)
     work_done()  # a stop signal from now on meets an evaluation that has ended

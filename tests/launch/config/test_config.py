@@ -109,6 +109,7 @@ eval:
   steps: null
   batch_size: 256
   every_secs: 30
+  precision: float32
 session:
   allow_growth: true
   per_process_gpu_memory_fraction: null
