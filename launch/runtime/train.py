@@ -90,7 +90,8 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(job, plan, role.wrap_optimizer, skipped)
+        ops, scaffold, rate = build_training_graph(job, plan, role.wrap_optimizer, skipped,
+                                                   write)
         if role.writes:
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
@@ -25,13 +28,14 @@ OptimizerWrapper = Callable[[V1.train.Optimizer], V1.train.Optimizer]
 
 def build_training_graph(
     job: JobConfig, plan: Plan, wrap_optimizer: OptimizerWrapper | None = None,
-    skipped: data.SkippedRecords | None = None,
+    skipped: data.SkippedRecords | None = None, write: Callable[[str], None] = log,
 ) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
     """The whole training graph of ``job`` as ``plan`` places it, in the default graph;
     returns ops, scaffold, learning rate.
 
     wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
     skipped: counts the input records skipped (data.on_bad_record: skip).
+    write: where the build's notices go (a warm start, the library's warnings).
     """
     # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
     # the seed's own: otherwise every rank would apply the same dropout masks. Initial
@@ -49,7 +53,33 @@ def build_training_graph(
     optimizer = make_optimizer(job.optimizer, rate)
     if wrap_optimizer is not None:
         optimizer = wrap_optimizer(optimizer)
-    ops = towers.build_train_op(
+    with told_as_lines(write):
+        ops = _build_train_op(job, plan, features, labels, optimizer, mode, global_step)
+    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
+    _add_summaries(ops, rate, job.train.histograms)
+    if job.train.warm_start is not None:
+        model_vars = [
+            v
+            for v in V1.global_variables()
+            if v not in optimizer.variables() and v is not global_step
+        ]
+        checkpoints.warm_start(job.train.warm_start, model_vars, write)
+    saver = V1.train.Saver(
+        max_to_keep=job.train.max_to_keep,
+        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
+        save_relative_paths=True,
+    )
+    scaffold = V1.train.Scaffold(
+        saver=saver,
+        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
+    )
+    return ops, scaffold, rate
+
+
+def _build_train_op(job: JobConfig, plan: Plan, features: tf.Tensor, labels: tf.Tensor,
+                    optimizer: V1.train.Optimizer, mode: towers.VariableUpdate,
+                    global_step: tf.Variable) -> towers.TrainOps:
+    return towers.build_train_op(
         plan.model.model_fn,
         features,
         labels,
@@ -64,25 +94,34 @@ def build_training_graph(
         xla=job.towers.xla,
         batch_norm=job.towers.batch_norm,
     )
-    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
-    _add_summaries(ops, rate, job.train.histograms)
-    if job.train.warm_start is not None:
-        model_vars = [
-            v
-            for v in V1.global_variables()
-            if v not in optimizer.variables() and v is not global_step
-        ]
-        checkpoints.warm_start(job.train.warm_start, model_vars, log)
-    saver = V1.train.Saver(
-        max_to_keep=job.train.max_to_keep,
-        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
-        save_relative_paths=True,
-    )
-    scaffold = V1.train.Scaffold(
-        saver=saver,
-        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
-    )
-    return ops, scaffold, rate
+
+
+# The library's names for the settings a warning names, and the job file's.
+_SETTINGS = {"batch_norm='sync'": "towers.batch_norm: sync",
+             "pass batch_norm='local'": "set towers.batch_norm: local"}
+
+
+@contextlib.contextmanager
+def told_as_lines(write: Callable[[str], None]) -> Iterator[None]:
+    """What the towers library warns about while the graph is built (a UserWarning, on
+    stderr as Python prints it, traceback line and all), written as one 'warning:' line
+    naming the job file's settings. Others' warnings pass on as they were."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        # The library warns at its caller's line (stacklevel), which is here.
+        if not (warning.filename == __file__ or warning.filename.startswith(_TOWERS_DIR)):
+            warnings.showwarning(warning.message, warning.category, warning.filename,
+                                 warning.lineno)
+            continue
+        text = str(warning.message)
+        for library, job_file in _SETTINGS.items():
+            text = text.replace(library, job_file)
+        write(f"warning: {text}")
+
+
+_TOWERS_DIR = os.path.dirname(towers.__file__)
 
 
 def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:
