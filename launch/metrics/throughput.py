@@ -84,14 +84,21 @@ class Throughput:
     def between(self, start: Mark, end: Mark) -> Rates:
         """The rates from `start` to `end`; the run's first step alone when they are the
         same mark (a line or a window that ends with the first step)."""
-        if start == end == self.origin and self.begin is not None:
-            start = self.begin
+        start = self._start(start, end)
         seconds = end.time - start.time
         return Rates(
             examples_per_sec((end.global_step - start.global_step) * self.job_examples_per_step,
                              seconds),
             examples_per_sec((end.steps - start.steps) * self.process_examples_per_step,
                              seconds))
+
+    def seconds_per_global_step(self, start: Mark, end: Mark) -> float:
+        """The job's pace from `start` to `end` (every worker moves the global step)."""
+        start = self._start(start, end)
+        return (end.time - start.time) / max(end.global_step - start.global_step, 1)
+
+    def _start(self, start: Mark, end: Mark) -> Mark:
+        return self.begin if start == end == self.origin and self.begin else start
 
     def run(self) -> Rates | None:
         """The run's averages; None before a step has finished."""

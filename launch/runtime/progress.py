@@ -148,8 +148,8 @@ class ProgressHook(V1.train.SessionRunHook):
         means = {k: float(np.mean(v)) for k, v in self._window.items()}
         self.record = StepRecord(mark.global_step, means.pop("loss"), means,
                                  self.throughput.run(), self.throughput.timed())
-        per_step = (mark.time - since.time) / max(mark.steps - since.steps, 1)
-        remaining = max(self._last_step - mark.global_step, 0) * per_step
+        remaining = (max(self._last_step - mark.global_step, 0)
+                     * self.throughput.seconds_per_global_step(since, mark))
         shown = " ".join(f"{k}={v:.4g}" for k, v in means.items())
         phases = self._phases() if self._phases is not None else ""
         self._write(
