@@ -1,0 +1,187 @@
+"""Slurm for real: a one-node cluster of Debian's slurm-wlm (tests/helpers/slurm.py), its
+srun steps' environments read by launch/distributed/slurm_env.py, and the sbatch
+examples of examples/slurm run as written, training real towers tasks.
+
+Until towers reads Slurm's environment itself, the examples' TOWERS command is
+tests/helpers/slurm_towers.py: slurm_env's answer handed to `towers ps|worker` as
+TF_CONFIG. Everything else is the real thing: sbatch, srun, scancel, scontrol
+requeue, Slurm's signals, and the examples' own traps.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+import pytest
+from cli_helpers import FAST, ROOT, environment, latest_step
+from helpers import slurm
+
+from launch.distributed.slurm_env import expand_hostlist, slurm_task
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = os.path.join(ROOT, "examples", "slurm")
+SHIM = f"{sys.executable} {os.path.join(ROOT, 'tests', 'helpers', 'slurm_towers.py')}"
+# One node, CPUs only: the examples' GPU requests are overridden on the command line.
+ON_THIS_NODE = ["--nodes=1", "--gpus-per-task=0", "--gres=gpu:0", "--cpus-per-task=1"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = slurm.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with slurm.cluster(tmp_path_factory.mktemp("slurm"), gpus=4) as made:
+        yield made
+
+
+def step_environments(cluster, tmp_path, *options: str) -> list[dict]:
+    """The environment of every task of `srun OPTIONS`, by SLURM_PROCID."""
+    cluster.command("srun", *options, "bash", "-c",
+                    f"env -0 > {tmp_path}/env.$SLURM_PROCID", timeout=60)
+    found = {}
+    for path in tmp_path.glob("env.*"):
+        pairs = [item.split("=", 1) for item in path.read_text().split("\0") if "=" in item]
+        found[int(path.name.split(".")[1])] = dict(pairs)
+    return [found[rank] for rank in sorted(found)]
+
+
+# --- the environment of real steps --------------------------------------------------------
+
+def test_host_lists_expand_as_slurm_itself_expands_them(cluster):
+    for text in ["node[01-03,07],gpu-a[1-2]", "n[008-011]", "n[8-11]", "n[1-2]-ib[0-1]",
+                 "rack1-n[1-2],x", "n[1-2],n1", cluster.node]:
+        shown = cluster.command("scontrol", "show", "hostnames", text).stdout.split()
+        assert expand_hostlist(text) == shown, text
+
+
+def test_the_tasks_of_a_real_step_agree_on_one_cluster_of_reachable_addresses(cluster, tmp_path):
+    envs = step_environments(cluster, tmp_path, "--ntasks=3")
+    tasks = [slurm_task(env) for env in envs]
+    workers = tasks[0].cluster["worker"]
+    assert all(t.cluster == {"worker": workers} for t in tasks)
+    assert [(t.job_name, t.task_index) for t in tasks] == [("worker", i) for i in range(3)]
+    hosts = {a.rsplit(":", 1)[0] for a in workers}
+    assert hosts == {cluster.node} == {env["SLURMD_NODENAME"] for env in envs}
+    assert socket.gethostbyname(cluster.node)  # the node list's names resolve
+    assert len({a.rsplit(":", 1)[1] for a in workers}) == 3
+    assert all(t.cuda_visible_devices is None for t in tasks)  # no GPUs asked for
+
+
+def test_gpus_slurm_binds_to_each_task_are_kept(cluster, tmp_path):
+    envs = step_environments(cluster, tmp_path, "--ntasks=2", "--gpus-per-task=1")
+    seen = [slurm_task(env).cuda_visible_devices for env in envs]
+    assert sorted(seen) == ["0", "1"]
+    assert seen == [env["CUDA_VISIBLE_DEVICES"] for env in envs]
+
+
+def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path):
+    envs = step_environments(cluster, tmp_path, "--ntasks=3", "--gres=gpu:4")
+    assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {"0,1,2,3"}  # as Slurm sets it
+    assert [slurm_task(env).cuda_visible_devices for env in envs] == ["0,1", "2", "3"]
+    roles = [slurm_task(env, ps_per_node=1) for env in envs]
+    assert [(t.job_name, t.cuda_visible_devices) for t in roles] == [
+        ("ps", ""), ("worker", "0,1"), ("worker", "2,3")]
+
+
+# --- the sbatch examples, training --------------------------------------------------------
+
+def submit(cluster, tmp_path, example: str, tasks: int, steps: int, *towers_args: str) -> int:
+    """The example with `tasks` tasks on the node; train.steps is in the job file, which
+    each run reads anew (a test may change it while the job waits to be requeued)."""
+    write_job(tmp_path, steps)
+    env = {**environment(), "TOWERS": SHIM, "JOB": str(tmp_path / "job.yaml")}
+    return cluster.sbatch(
+        os.path.join(EXAMPLES, example), *ON_THIS_NODE, f"--ntasks-per-node={tasks}", env=env,
+        args=[*FAST, "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}",
+              "--set", "cluster.startup_timeout_secs=60", *towers_args])
+
+
+def write_job(tmp_path, steps: int) -> None:
+    (tmp_path / "job.yaml").write_text(f"run:\n  name: slurm\ntrain:\n  steps: {steps}\n")
+
+
+def results(output: str) -> list[dict]:
+    """Every task's JSON result line in the job's output, in order."""
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def wait_for(cluster, job: int, pattern: str, after: int = 0, timeout: float = 120) -> None:
+    """Until `pattern` appears in the job's output past offset `after`."""
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, cluster.output(job)[after:]):
+        assert time.monotonic() < deadline, (pattern, cluster.output(job)[-3000:])
+        assert cluster.state(job) not in slurm.ENDED, cluster.output(job)[-3000:]
+        time.sleep(0.2)
+
+
+def towers_pid(cluster, job: int, rank: int) -> int:
+    """The towers process of task `rank` (the child of the task's shell)."""
+    listed = cluster.command("scontrol", "listpids", str(job)).stdout.splitlines()[1:]
+    rows = [line.split() for line in listed]
+    shell = next(int(r[0]) for r in rows if r[2] == "0" and r[4] == str(rank))
+    for row in rows:
+        with open(f"/proc/{row[0]}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) == shell:
+                return int(row[0])
+    raise AssertionError(f"no child of task {rank}'s shell {shell} in {listed}")
+
+
+def test_a_collective_job_requeued_on_138_and_near_its_time_limit_resumes_and_scancel_saves(
+        cluster, tmp_path):
+    """Run 1: a worker is killed, the other ends with 138 and requeues the job. Run 2:
+    resumes; the early warning (USR1 to the batch script, as --signal=B:USR1 sends it)
+    makes both save and exit 0, and the script requeues. Run 3: resumes, and scancel
+    (SIGTERM to every task, SIGKILL after KillWait) makes both save and exit 0."""
+    job = submit(cluster, tmp_path, "collective.sbatch", 2, 100_000,
+                 "--set", "train.checkpoint_every_steps=20",
+                 "--set", "cluster.operation_timeout_secs=10")
+    wait_for(cluster, job, r"saved checkpoint at step [1-9]")
+    os.kill(towers_pid(cluster, job, 1), signal.SIGKILL)
+    cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=60)
+    runs = [cluster.output(job)]
+    assert re.search(r"towers: error: .*worker 1", runs[0]), runs[0][-3000:]  # names it
+
+    second = resumed_run(cluster, job, runs)
+    cluster.scancel(job, "--batch", "--signal=USR1")
+    cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=120)
+    second = cluster.output(job)[len(runs[0]):]
+    runs.append(second)
+    saved_at = latest_step(tmp_path / "ckpt")
+    assert "towers: srun exited 0" in second, second[-3000:]
+    assert [r["stopped_by"] for r in results(second)] == ["signal", "signal"]
+    assert saved_at > resumed_step(second)
+
+    third = resumed_run(cluster, job, runs)
+    assert resumed_step(third) == saved_at
+    cluster.scancel(job)
+    end = cluster.wait_end(job, timeout=120, restarts=2)
+    third = cluster.output(job)[sum(map(len, runs)):]
+    assert end.state == "CANCELLED" and "towers: srun exited 0" in third, third[-3000:]
+    assert [r["stopped_by"] for r in results(third)] == ["signal", "signal"]
+    assert latest_step(tmp_path / "ckpt") > saved_at
+
+
+def resumed_run(cluster, job: int, runs: list[str]) -> str:
+    """The output of the job's next run, once it has resumed and taken a step."""
+    wait_for(cluster, job, r"step \d+/100000", after=sum(map(len, runs)), timeout=180)
+    return cluster.output(job)[sum(map(len, runs)):]
+
+
+def resumed_step(output: str) -> int:
+    return int(re.search(r"resuming from \S+ at step (\d+)", output).group(1))
+
+
+def test_a_ps_worker_job_of_one_ps_and_two_workers_trains_to_the_end(cluster, tmp_path):
+    job = submit(cluster, tmp_path, "ps_worker.sbatch", 3, 40)
+    end = cluster.wait_end(job, timeout=240)
+    output = cluster.output(job)
+    assert (end.state, end.exit_code) == ("COMPLETED", 0), output[-3000:]
+    assert "towers: srun exited 0" in output
+    done = {(r["job"], r.get("task")): r for r in results(output)}
+    assert done[("worker", 0)]["global_step"] >= 40 and ("worker", 1) in done, output[-3000:]
+    assert done[("ps", 0)]["workers_reported"] == 2
