@@ -29,8 +29,8 @@ CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE. The rules every task applies alike:
   workers of the node split them in order, in equal contiguous shares (the first ones a
   GPU more when they do not divide). A ps task sees none: its variables live on its CPU.
 
-Pure: no TensorFlow, no subprocess; `SlurmTask.tf_config()` gives the cluster as the
-TF_CONFIG JSON that TensorFlow and TFJob use.
+Pure: no TensorFlow, no subprocess. The answer is an EnvTask; its tf_config() is the
+cluster as the TF_CONFIG JSON that TensorFlow and TFJob use.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from launch.distributed.env_task import EnvTask
 from launch.errors import BadInput
 
 STEP_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_TASKS",
@@ -53,34 +53,14 @@ class SlurmEnvError(BadInput):
     """The Slurm environment does not describe a step towers can form a cluster from."""
 
 
-@dataclass(frozen=True)
-class SlurmTask:
-    """This task's place in the step's cluster.
-
-    cluster: job name ("worker", "ps") -> "host:port" of each of its tasks, in index order.
-    cuda_visible_devices: what CUDA_VISIBLE_DEVICES must be before TensorFlow starts;
-    None leaves it as it is (no GPUs in the step).
-    """
-
-    cluster: Mapping[str, tuple[str, ...]]
-    job_name: str
-    task_index: int
-    cuda_visible_devices: str | None
-
-    def tf_config(self) -> dict:
-        """The cluster as TF_CONFIG: {"cluster": {...}, "task": {"type", "index"}}."""
-        return {"cluster": {job: list(hosts) for job, hosts in self.cluster.items()},
-                "task": {"type": self.job_name, "index": self.task_index}}
-
-
 def in_step(environ: Mapping[str, str]) -> bool:
     """Whether this process is a task of an `srun` step (a batch script itself is not)."""
     return "SLURM_STEP_NUM_TASKS" in environ and "SLURM_PROCID" in environ
 
 
 def slurm_task(environ: Mapping[str, str], *, ps_per_node: int = 0,
-               port_base: int | None = None) -> SlurmTask:
-    """This task's SlurmTask, by the rules in the module's docstring.
+               port_base: int | None = None) -> EnvTask:
+    """This task's EnvTask, by the rules in the module's docstring.
 
     ps_per_node: ps tasks on every node (0: a collective cluster). port_base: the port
     of each node's first task (None: derived from the job id).
@@ -106,7 +86,7 @@ def slurm_task(environ: Mapping[str, str], *, ps_per_node: int = 0,
              else sum(c - ps_per_node for c in per_node[:node]) + local - ps_per_node)
     workers_here = per_node[node] - ps_per_node
     gpus = _gpus(environ, job_name, local - ps_per_node, workers_here)
-    return SlurmTask({j: tuple(h) for j, h in cluster.items() if h}, job_name, index, gpus)
+    return EnvTask({j: tuple(h) for j, h in cluster.items() if h}, job_name, index, gpus)
 
 
 def _integer(environ: Mapping[str, str], name: str) -> int:
