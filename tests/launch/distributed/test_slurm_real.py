@@ -8,24 +8,20 @@ TF_CONFIG. Everything else is the real thing: sbatch, srun, scancel, scontrol
 requeue, Slurm's signals, and the examples' own traps.
 """
 
-import json
 import os
 import re
 import signal
 import socket
-import sys
 import time
 
 import pytest
-from cli_helpers import FAST, ROOT, environment, latest_step
+from cli_helpers import latest_step
 from helpers import slurm
 
 from launch.distributed.slurm_env import expand_hostlist, slurm_task
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLES = os.path.join(ROOT, "examples", "slurm")
-SHIM = f"{sys.executable} {os.path.join(ROOT, 'tests', 'helpers', 'slurm_towers.py')}"
 # One node, CPUs only: the examples' GPU requests are overridden on the command line.
 ON_THIS_NODE = ["--nodes=1", "--gpus-per-task=0", "--gres=gpu:0", "--cpus-per-task=1"]
 
@@ -39,17 +35,6 @@ def cluster(tmp_path_factory):
         yield made
 
 
-def step_environments(cluster, tmp_path, *options: str) -> list[dict]:
-    """The environment of every task of `srun OPTIONS`, by SLURM_PROCID."""
-    cluster.command("srun", *options, "bash", "-c",
-                    f"env -0 > {tmp_path}/env.$SLURM_PROCID", timeout=60)
-    found = {}
-    for path in tmp_path.glob("env.*"):
-        pairs = [item.split("=", 1) for item in path.read_text().split("\0") if "=" in item]
-        found[int(path.name.split(".")[1])] = dict(pairs)
-    return [found[rank] for rank in sorted(found)]
-
-
 # --- the environment of real steps --------------------------------------------------------
 
 def test_host_lists_expand_as_slurm_itself_expands_them(cluster):
@@ -60,7 +45,7 @@ def test_host_lists_expand_as_slurm_itself_expands_them(cluster):
 
 
 def test_the_tasks_of_a_real_step_agree_on_one_cluster_of_reachable_addresses(cluster, tmp_path):
-    envs = step_environments(cluster, tmp_path, "--ntasks=3")
+    envs = cluster.step_environments(tmp_path, "--ntasks=3")
     tasks = [slurm_task(env) for env in envs]
     workers = tasks[0].cluster["worker"]
     assert all(t.cluster == {"worker": workers} for t in tasks)
@@ -73,14 +58,14 @@ def test_the_tasks_of_a_real_step_agree_on_one_cluster_of_reachable_addresses(cl
 
 
 def test_gpus_slurm_binds_to_each_task_are_kept(cluster, tmp_path):
-    envs = step_environments(cluster, tmp_path, "--ntasks=2", "--gpus-per-task=1")
+    envs = cluster.step_environments(tmp_path, "--ntasks=2", "--gpus-per-task=1")
     seen = [slurm_task(env).cuda_visible_devices for env in envs]
     assert sorted(seen) == ["0", "1"]
     assert seen == [env["CUDA_VISIBLE_DEVICES"] for env in envs]
 
 
 def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path):
-    envs = step_environments(cluster, tmp_path, "--ntasks=3", "--gres=gpu:4")
+    envs = cluster.step_environments(tmp_path, "--ntasks=3", "--gres=gpu:4")
     assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {"0,1,2,3"}  # as Slurm sets it
     assert [slurm_task(env).cuda_visible_devices for env in envs] == ["0,1", "2", "3"]
     roles = [slurm_task(env, ps_per_node=1) for env in envs]
@@ -91,23 +76,9 @@ def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path)
 # --- the sbatch examples, training --------------------------------------------------------
 
 def submit(cluster, tmp_path, example: str, tasks: int, steps: int, *towers_args: str) -> int:
-    """The example with `tasks` tasks on the node; train.steps is in the job file, which
-    each run reads anew (a test may change it while the job waits to be requeued)."""
-    write_job(tmp_path, steps)
-    env = {**environment(), "TOWERS": SHIM, "JOB": str(tmp_path / "job.yaml")}
-    return cluster.sbatch(
-        os.path.join(EXAMPLES, example), *ON_THIS_NODE, f"--ntasks-per-node={tasks}", env=env,
-        args=[*FAST, "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}",
-              "--set", "cluster.startup_timeout_secs=60", *towers_args])
-
-
-def write_job(tmp_path, steps: int) -> None:
-    (tmp_path / "job.yaml").write_text(f"run:\n  name: slurm\ntrain:\n  steps: {steps}\n")
-
-
-def results(output: str) -> list[dict]:
-    """Every task's JSON result line in the job's output, in order."""
-    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    return slurm.submit_example(cluster, tmp_path, example, *ON_THIS_NODE,
+                                f"--ntasks-per-node={tasks}", steps=steps,
+                                towers_args=towers_args)
 
 
 def wait_for(cluster, job: int, pattern: str, after: int = 0, timeout: float = 120) -> None:
@@ -153,7 +124,7 @@ def test_a_collective_job_requeued_on_138_and_near_its_time_limit_resumes_and_sc
     runs.append(second)
     saved_at = latest_step(tmp_path / "ckpt")
     assert "towers: srun exited 0" in second, second[-3000:]
-    assert [r["stopped_by"] for r in results(second)] == ["signal", "signal"]
+    assert [r["stopped_by"] for r in slurm.results(second)] == ["signal", "signal"]
     assert saved_at > resumed_step(second)
 
     third = resumed_run(cluster, job, runs)
@@ -162,7 +133,7 @@ def test_a_collective_job_requeued_on_138_and_near_its_time_limit_resumes_and_sc
     end = cluster.wait_end(job, timeout=120, restarts=2)
     third = cluster.output(job)[sum(map(len, runs)):]
     assert end.state == "CANCELLED" and "towers: srun exited 0" in third, third[-3000:]
-    assert [r["stopped_by"] for r in results(third)] == ["signal", "signal"]
+    assert [r["stopped_by"] for r in slurm.results(third)] == ["signal", "signal"]
     assert latest_step(tmp_path / "ckpt") > saved_at
 
 
@@ -174,14 +145,3 @@ def resumed_run(cluster, job: int, runs: list[str]) -> str:
 
 def resumed_step(output: str) -> int:
     return int(re.search(r"resuming from \S+ at step (\d+)", output).group(1))
-
-
-def test_a_ps_worker_job_of_one_ps_and_two_workers_trains_to_the_end(cluster, tmp_path):
-    job = submit(cluster, tmp_path, "ps_worker.sbatch", 3, 40)
-    end = cluster.wait_end(job, timeout=240)
-    output = cluster.output(job)
-    assert (end.state, end.exit_code) == ("COMPLETED", 0), output[-3000:]
-    assert "towers: srun exited 0" in output
-    done = {(r["job"], r.get("task")): r for r in results(output)}
-    assert done[("worker", 0)]["global_step"] >= 40 and ("worker", 1) in done, output[-3000:]
-    assert done[("ps", 0)]["workers_reported"] == 2
