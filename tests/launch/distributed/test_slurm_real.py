@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
@@ -145,3 +146,9 @@ def resumed_run(cluster, job: int, runs: list[str]) -> str:
 
 def resumed_step(output: str) -> int:
     return int(re.search(r"resuming from \S+ at step (\d+)", output).group(1))
+
+
+def test_the_horovod_script_which_the_suite_does_not_run_is_valid_bash():
+    checked = subprocess.run(["bash", "-n", str(slurm.EXAMPLES / "horovod.sbatch")],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
