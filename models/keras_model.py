@@ -9,27 +9,24 @@ The loss and the metric names come from `compile`; its optimizer is not used (th
 job's optimizer trains every tower). Keras is imported only by the user's code: this
 module looks it up in `sys.modules`, so importing it costs nothing for other models.
 
-Graph mode needs two things Keras does by itself only in TF2 functions:
-* state updates (batch-norm moving statistics, dropout seeds) are assignments that
-  nothing runs in a v1 graph; `unrun_state_updates` finds them so the caller can put
-  them in UPDATE_OPS, which the builder runs for tower 0;
-* auto-generated layer names grow with every model made in a process (`dense`,
-  `dense_1`, ...): `reset_names` restarts them, so each graph names its variables,
-  and so its checkpoints, the same way.
+Graph mode needs two things Keras does by itself only in TF2 functions: its state
+updates (batch-norm moving statistics, dropout seeds) are assignments nothing runs in
+a v1 graph, which the tower builder runs for tower 0 (towers.state_updates); and
+auto-generated layer names grow with every model made in a process (`dense`,
+`dense_1`, ...): `reset_names` restarts them, so each graph names its variables, and
+so its checkpoints, the same way.
 """
 
 from __future__ import annotations
 
-import collections
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
 
 from towers import TowerContext, TowerOutputs
 
-ASSIGN_OP_TYPES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 _ACCURACY = ("accuracy", "acc")
 
 MetricFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
@@ -206,35 +203,3 @@ def _probabilities(logits: tf.Tensor) -> tf.Tensor:
     if logits.shape.rank and logits.shape[-1] == 1:
         return tf.sigmoid(logits, name="probabilities")
     return tf.nn.softmax(logits, name="probabilities")
-
-
-def _is_initializer(op: tf.Operation) -> bool:
-    """A variable's own initial assignment (`<variable>/Assign`), which the initialiser
-    runs once: as a state update it would reset the variable at every step."""
-    return op.name.startswith(op.inputs[0].op.name + "/Assign")
-
-
-def unrun_state_updates(ops: Iterable[tf.Operation]) -> list[tf.Operation]:
-    """The assignments to non-trainable variables among `ops` that nothing runs.
-
-    ops: the operations a model made while building a tower, in creation order.
-    Keras layers update their state (batch-norm moving statistics, dropout seeds)
-    with assignments that only a TF2 function's automatic control dependencies would
-    run; in a v1 graph they dangle. An assignment counts as unrun when nothing made
-    in `ops` depends on it except reads of the value it wrote that nothing uses.
-    """
-    ops = list(ops)
-    users: dict[tf.Operation, list[tf.Operation]] = collections.defaultdict(list)
-    for op in ops:
-        for source in {t.op for t in op.inputs} | set(op.control_inputs):
-            users[source].append(op)
-    trainable = {v.handle.op for v in tf.compat.v1.trainable_variables()}
-    found = []
-    for op in ops:
-        if (op.type not in ASSIGN_OP_TYPES or op.inputs[0].op in trainable
-                or _is_initializer(op)):
-            continue
-        readers = users[op]
-        if all(r.type == "ReadVariableOp" and not users[r] for r in readers):
-            found.append(op)
-    return found

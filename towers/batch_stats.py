@@ -73,6 +73,11 @@ class CrossTowerSums:
         self._calls = [0] * len(devices)
         self._group_key = _group_key(tuple(self._devices))
 
+    @property
+    def used(self) -> bool:
+        """Whether any tower has summed a statistic across the towers."""
+        return any(self._calls)
+
     def for_tower(self, index: int) -> Sum:
         """The sum tower `index` calls; its k-th call meets every tower's k-th."""
         return functools.partial(self._sum, index)

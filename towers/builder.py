@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from towers import keras_random, keras_sync
+from towers import keras_random, keras_sync, model_checks, state_updates
 from towers.batch_stats import CrossTowerSums
 from towers.context import ModelFn, TowerContext, TowerOutputs, as_tower_outputs, own_collection
 from towers.made_variables import MadeVariables
@@ -21,7 +21,8 @@ from towers.split import Shard
 
 @dataclass
 class Tower:
-    """One built tower: its outputs and the variables its gradients are taken against."""
+    """One built tower: its outputs, the variables its gradients are taken against, and
+    (a training build) its model's state updates (towers.state_updates)."""
 
     index: int
     device: str
@@ -29,6 +30,7 @@ class Tower:
     outputs: TowerOutputs
     num_examples: tf.Tensor
     trainable: list[tf.Variable] = field(default_factory=list)
+    state_updates: list[tf.Operation] = field(default_factory=list)
 
 
 def build_towers(
@@ -74,8 +76,10 @@ def build_towers(
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
                            precision.compute_dtype,
                            tower_sum if batch_sums and batch_sums.every_batch_norm else None)
-        outer = tf.compat.v1.get_default_graph().get_name_scope()
+        graph = tf.compat.v1.get_default_graph()
+        outer = graph.get_name_scope()
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
+        first_op = len(graph.get_operations())
         with (
             variables.variable_scope(i, precision, name_scope),
             tf.compat.v1.name_scope(f"tower_{i}") as scope,
@@ -92,7 +96,12 @@ def build_towers(
             outputs = precision.cast_outputs(
                 as_tower_outputs(model_fn(features, shard.labels, ctx)))
         _check_scalar(outputs, i)
-        towers.append(Tower(i, device, scope, outputs, shard.num_examples, variables.trainable(i)))
+        made_ops = graph.get_operations()[first_op:]
+        trainable = variables.trainable(i)
+        if is_training and i == 0 and not reuse_existing:
+            model_checks.check_first_tower(made_ops, trainable, variables.made.first, precision)
+        updates = state_updates.of_tower(made_ops) if is_training else []
+        towers.append(Tower(i, device, scope, outputs, shard.num_examples, trainable, updates))
     return towers
 
 

@@ -90,16 +90,23 @@ def as_tower_outputs(result: TowerOutputs | tf.Tensor) -> TowerOutputs:
 
 
 @contextlib.contextmanager
-def own_collection(key: str) -> Iterator[None]:
+def own_collection(key: str, kept_in: str | None = None) -> Iterator[None]:
     """Inside: graph collection `key` holds only what is added inside. After: all of it.
 
     What a model sees of a collection while its tower is built: LOSSES (so
     `tf.compat.v1.losses.get_total_loss()` is the tower's own loss), and a replicated
-    tower's REGULARIZATION_LOSSES."""
+    tower's REGULARIZATION_LOSSES. kept_in: the graph collection that keeps a tower's
+    own entries from one build of the tower to the next (a later micro-batch's):
+    inside, `key` starts with them; after, it holds what it held before, and
+    `kept_in` what `key` held inside."""
     collection = tf.compat.v1.get_collection_ref(key)
     before = list(collection)
-    del collection[:]
+    kept = tf.compat.v1.get_collection_ref(kept_in) if kept_in else []
+    collection[:] = kept
     try:
         yield
     finally:
-        collection[:0] = before
+        if kept_in:
+            kept[:], collection[:] = list(collection), before
+        else:
+            collection[:0] = before

@@ -104,3 +104,21 @@ def host_cpu(device: str) -> str:
     '/job:worker/task:1/gpu:0' gives '/job:worker/task:1/device:CPU:0'."""
     spec = tf.DeviceSpec.from_string(device).replace(device_type="CPU", device_index=0)
     return spec.to_string()
+
+
+def device_checks(devices: Sequence[str]) -> None:
+    """A no-op on each tower CPU device beyond /cpu:0 of this process (no job named),
+    named for what makes the device exist: a session sees /cpu:1 only when its config
+    asks for it (ConfigProto(device_count={"CPU": n})). Made before any tower op, it is
+    the first op TensorFlow's placer fails to place in a session without that config,
+    so its "Cannot assign a device for operation ..." names the fix; never run."""
+    cpus = [spec for spec in map(tf.DeviceSpec.from_string, devices)
+            if spec.job is None and (spec.device_type or "").upper() == "CPU"
+            and (spec.device_index or 0) > 0]
+    if not cpus:
+        return
+    count = max(spec.device_index for spec in cpus) + 1
+    for spec in cpus:
+        with tf.device(spec), tf.control_dependencies(None):
+            tf.no_op(name=f"towers_devices/CPU_{spec.device_index}_exists_only_in_a_session_"
+                          f"made_with_ConfigProto_device_count_CPU_{count}")

@@ -27,7 +27,9 @@ A model asks in two ways, and both are answered alike (TowerVariables, one per b
 
 Replicated copies live in REPLICA_COPIES: outside GLOBAL_VARIABLES, so checkpoints
 hold one set under the plain names, and outside LOCAL_VARIABLES, so no initializer
-races the sync op that fills them. The optimizer's slots of a copy are copies too.
+races the sync op that fills them. The optimizer's slots of a copy are copies too, and
+its regularization penalties are kept per tower (REPLICA_PENALTIES), outside
+REGULARIZATION_LOSSES.
 The sync op copies tower 0's variables and slots into every copy, then sets a flag;
 each later tower's first op checks it, so a forgotten sync is a clear error rather
 than TensorFlow's "Could not find variable tower_1/...".
@@ -49,6 +51,9 @@ from towers.precision import Precision
 # Graph collection holding the per-tower copies made in replicated mode (and their
 # optimizer slots).
 REPLICA_COPIES = "towers_replica_copies"
+# Graph collections (one per later tower, "<this>/tower_i") of the regularization
+# penalties of tower i's copies.
+REPLICA_PENALTIES = "towers_replica_penalties"
 # Graph collection of the flag the replicated sync op sets, and later towers check.
 SYNCED_FLAG = "towers_replicas_synced"
 
@@ -163,14 +168,20 @@ class ReplicaCopies(VariableSharing):
         made. Every op of the tower waits for the check, so its message comes first.
         A copy made with `get_variable(regularizer=...)` adds its own penalty to
         REGULARIZATION_LOSSES: `get_regularization_loss()` in tower i must sum those,
-        not tower 0's, whose gradients would reach tower 0's variables instead.
+        not tower 0's, whose gradients would reach tower 0's variables instead. The
+        copies' penalties are kept in a collection per tower (REPLICA_PENALTIES), out
+        of REGULARIZATION_LOSSES: a later build of the tower (the next micro-batch,
+        whose get_variable makes no penalty again) sees its tower's again, tower 0
+        sees only its own, and so does anything reading the collection after the
+        step (evaluation towers, a caller's get_regularization_loss()).
         """
         if index == 0:
             yield
             return
         with (
             tf.control_dependencies([_check_synced(device)]),
-            own_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES),
+            own_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES,
+                           kept_in=f"{REPLICA_PENALTIES}/tower_{index}"),
         ):
             yield
 
@@ -265,7 +276,16 @@ class TowerVariables:
 
     def _record(self, getter, name, *args, **kwargs):
         """Tower 0's getter: remembers every variable by name for the later towers."""
-        var = getter(name, *args, **kwargs)
+        try:
+            var = getter(name, *args, **kwargs)
+        except ValueError as err:
+            if "already exists" not in str(err) or name in self.first_vars:
+                raise  # the model function asked twice itself: TensorFlow's own message
+            raise ValueError(
+                f"variable {name} already exists in this graph, made before build_train_op "
+                f"(by an earlier build_train_op, or outside the model function): build each "
+                f"training step in a graph of its own (with tf.Graph().as_default()), or "
+                f"under a tf.compat.v1.variable_scope of its own") from None
         self.first_vars[name] = var
         return var
 

@@ -152,11 +152,12 @@ def _dynamic_shard_sizes(batch_size: tf.Tensor, num_shards: int, num_towers: int
                          micro_batches: int) -> tf.Tensor:
     """The in-graph twin of shard_sizes: int32 [num_shards], with batch_shortfall's check
     run with the step."""
-    check = tf.debugging.assert_greater_equal(
-        batch_size,
-        num_towers * micro_batches,
-        message=_cannot_give("the global batch", num_towers, micro_batches),
-    )
+    # The message alone, with the batch's size in it: assert_greater_equal's would add
+    # its own condition, tensor names and values.
+    message = tf.strings.format(_cannot_give("a global batch of {} examples", num_towers,
+                                             micro_batches), [batch_size])
+    check = tf.debugging.Assert(batch_size >= num_towers * micro_batches, [message],
+                                name="check_batch_size")
     with tf.control_dependencies([check]):
         return _sizes_in_graph(batch_size, num_shards)
 

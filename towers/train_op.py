@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -13,8 +14,8 @@ from towers import precision as precision_lib
 from towers.accumulate import build_step
 from towers.batch_stats import CrossTowerSums
 from towers.builder import Tower, build_towers
-from towers.context import Features, ModelFn
-from towers.placement import DeviceFn
+from towers.context import Features, ModelFn, TowerOutputs
+from towers.placement import DeviceFn, device_checks
 from towers.precision import Precision
 from towers.split import split_padded
 from towers.variable_update import VariableUpdate, resolve_variable_update
@@ -23,8 +24,9 @@ from towers.variable_update import VariableUpdate, resolve_variable_update
 class TrainOps(NamedTuple):
     """What the caller runs and watches.
 
-    train_op: one step: the update, the global-step increment and tower 0's
-        batch-norm statistics updates.
+    train_op: one step: the update, the global-step increment and tower 0's state
+        updates (batch-norm moving statistics: UPDATE_OPS, and Keras layers' own,
+        towers.state_updates).
     loss: scalar, the example-weighted mean loss over the global batch.
     metrics: scalars, each the example-weighted mean of the towers' metric.
     global_step: the int64 step variable.
@@ -42,6 +44,10 @@ class TrainOps(NamedTuple):
     overflow: bool scalar, whether this step was skipped because its float16
         gradients overflowed (not a non-finite step: the scale shrinks and training
         goes on); None without loss scaling.
+    tower_outputs: the TowerOutputs each tower's model function returned (its loss
+        and metrics over its own shard, its predictions), float32, one per tower in
+        the order of their shards in the global batch: tower i at i; with
+        accumulate_steps k, micro-batch m's tower i at m * N + i.
     """
 
     train_op: tf.Operation
@@ -54,6 +60,7 @@ class TrainOps(NamedTuple):
     all_finite: tf.Tensor | None = None
     loss_scale: tf.Tensor | None = None
     overflow: tf.Tensor | None = None
+    tower_outputs: tuple[TowerOutputs, ...] = ()
 
 
 class EvalOps(NamedTuple):
@@ -90,7 +97,9 @@ def build_train_op(
 
     features: a tensor or dict of tensors, leading dimension the global batch B.
     labels: [B, ...]. Each of the N devices gets B/N examples (sizes differ by
-    at most one); the update equals a single-device step on the whole batch.
+    at most one); the update equals a single-device step on the whole batch, except
+    where the model's statistics are the shard's by definition (batch norm under
+    batch_norm="local", the default: each tower normalizes by its own examples).
     variable_update: "parameter_server", "replicated", or a VariableUpdate object
         (towers.ParameterServer, towers.Replicated, towers.CrossProcess).
     param_device: with "parameter_server", where the variables live: a device
@@ -112,9 +121,11 @@ def build_train_op(
         mode with `sum_across_processes`, the processes; towers.batch_stats).
     """
     devices = _check_devices(devices)
+    _check_optimizer(optimizer)
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     nonfinite_lib.check_policy(nonfinite)
+    device_checks(devices)
     policy = precision_lib.resolve(precision)
     mode = resolve_variable_update(variable_update, param_device, devices)
     home = mode.home(devices)
@@ -123,9 +134,11 @@ def build_train_op(
             global_step = tf.compat.v1.train.get_or_create_global_step()
     scaler = policy.loss_scaler(home)
 
+    sums: list[CrossTowerSums] = []
     step = build_step(model_fn, features, labels, devices, mode.variables, home,
                       micro_batches=accumulate_steps, precision=policy, scaler=scaler, xla=xla,
-                      batch_sums=_batch_sums(batch_norm, devices, mode))
+                      batch_sums=_batch_sums(batch_norm, devices, mode, sums))
+    _warn_unsynchronized(batch_norm, sums)
     towers = step.towers
     pairs, norm = mode.combine_gradients(towers, step.gradients, clip_norm)
     loss, metrics = _combine_outputs(step.built, step.weights, home)
@@ -135,13 +148,10 @@ def build_train_op(
     # batch statistics estimate the same population, so one tower's suffice, and
     # N towers assigning to one variable in the same step would race, costing
     # N-1 cross-device copies for nothing (as in tf_cnn_benchmarks).
-    update_ops = tf.compat.v1.get_collection(
-        tf.compat.v1.GraphKeys.UPDATE_OPS, scope=towers[0].name_scope
-    )
     guarded = nonfinite_lib.guarded_update(
         nonfinite,
         lambda checked: mode.apply(optimizer, checked, global_step, towers),
-        pairs, update_ops, loss, norm, global_step, scaler,
+        pairs, towers[0].state_updates, loss, norm, global_step, scaler,
     )
     train_op = guarded.train_op
     if every_step:
@@ -150,7 +160,8 @@ def build_train_op(
     sync_op = mode.sync_op(towers, optimizer)
     return TrainOps(train_op, loss, metrics, global_step, norm, sync_op,
                     _init_op(mode, towers, optimizer), guarded.applied,
-                    scaler.value if scaler else None, guarded.overflow)
+                    scaler.value if scaler else None, guarded.overflow,
+                    tuple(t.outputs for t in step.built))
 
 
 def build_eval_ops(
@@ -183,16 +194,33 @@ def build_eval_ops(
     return EvalOps(loss, metrics, _concat_predictions(towers, home, num_examples), num_examples)
 
 
-def _batch_sums(batch_norm: str, devices: list[str],
-                mode: VariableUpdate) -> Callable[[], CrossTowerSums | None]:
-    """What makes each micro-batch's sums across towers: nothing with one tower and one
-    process; else sums every batch norm uses ("sync"), or only Keras layers made with
-    synchronized=True ("local")."""
+def _batch_sums(batch_norm: str, devices: list[str], mode: VariableUpdate,
+                made: list[CrossTowerSums]) -> Callable[[], CrossTowerSums | None]:
+    """What makes each micro-batch's sums across towers (each also appended to `made`):
+    nothing with one tower and one process; else sums every batch norm uses ("sync"),
+    or only Keras layers made with synchronized=True ("local")."""
     across = getattr(mode, "sum_across_processes", None)
     every = batch_stats.check_batch_norm(batch_norm) == "sync"
     if len(devices) == 1 and not across:
         return lambda: None
-    return lambda: CrossTowerSums(devices, across, every_batch_norm=every)
+
+    def make() -> CrossTowerSums:
+        made.append(CrossTowerSums(devices, across, every_batch_norm=every))
+        return made[-1]
+
+    return make
+
+
+def _warn_unsynchronized(batch_norm: str, sums: list[CrossTowerSums]) -> None:
+    """batch_norm="sync" with something to synchronize, and no statistic was: the model's
+    batch norms (tf.nn.moments, a plain Keras BatchNormalization) normalize per tower."""
+    if batch_norm == "sync" and sums and not any(s.used for s in sums):
+        warnings.warn(
+            "batch_norm='sync': the model computed no statistic across the towers, so its "
+            "batch norms, if any, normalize by each tower's own shard; compute their "
+            "moments with ctx.batch_moments (or use Keras' "
+            "BatchNormalization(synchronized=True)), or pass batch_norm='local'",
+            UserWarning, stacklevel=3)
 
 
 def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operation:
@@ -217,13 +245,27 @@ def _concat_predictions(towers: list[Tower], device: str,
 
 
 def _check_devices(devices: Sequence[str]) -> list[str]:
-    if isinstance(devices, str) or not devices:
-        raise ValueError(f"devices must be a non-empty list of device strings, got {devices!r}")
+    if isinstance(devices, int) and not isinstance(devices, bool) and devices > 0:
+        raise ValueError(f"devices must be a list of device strings, one tower each; got "
+                         f"{devices}: pass [f'/gpu:{{i}}' for i in range({devices})], or "
+                         f"'/cpu:i' with a session made with ConfigProto(device_count="
+                         f"{{'CPU': {devices}}})")
+    if isinstance(devices, str) or not isinstance(devices, Sequence) or not devices:
+        raise ValueError(f"devices must be a non-empty list of device strings, one tower "
+                         f"each (e.g. ['/gpu:0', '/gpu:1']); got {devices!r}")
     for device in devices:
         if not isinstance(device, str):
             raise ValueError(f"devices must be device strings like '/gpu:0'; got {device!r}")
         tf.DeviceSpec.from_string(device)  # raises ValueError naming a malformed one
     return list(devices)
+
+
+def _check_optimizer(optimizer) -> None:
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        kind = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+        raise ValueError(f"optimizer must be a tf.compat.v1.train.Optimizer, e.g. "
+                         f"tf.compat.v1.train.MomentumOptimizer(0.1, 0.9); got {kind}; Keras "
+                         f"optimizers do not build tf.compat.v1 graph updates")
 
 
 def _example_weights(counts: list[tf.Tensor], device: str) -> list[tf.Tensor]:

@@ -114,10 +114,9 @@ class UserModelFn:
     """The model function towers calls in each tower.
 
     Calls the user's model function, or their builder and then what it returned; a
-    compiled Keras model becomes tower outputs through models.keras_model. State
-    updates nothing runs (a Keras layer's moving statistics) go to UPDATE_OPS. An
-    exception from the user's code becomes a ModelCodeError naming the model and the
-    tower, with their frames only.
+    compiled Keras model becomes tower outputs through models.keras_model (towers
+    runs its layers' state updates). An exception from the user's code becomes a
+    ModelCodeError naming the model and the tower, with their frames only.
     keras_model: tower 0's Keras model in the graph built last (None if not Keras);
     export writes its weights.
     """
@@ -127,10 +126,6 @@ class UserModelFn:
         self.keras_model = None
 
     def __call__(self, features, labels, ctx: towers.TowerContext):
-        graph = tf.compat.v1.get_default_graph()
-        # Only a v1 graph leaves Keras' state updates unrun (TF2 functions run them).
-        v1_graph = not tf.executing_eagerly() and not graph.building_function
-        start = len(graph.get_operations()) if v1_graph else 0
         reference = self.found.reference
         try:
             if ctx.index == 0:
@@ -144,8 +139,6 @@ class UserModelFn:
             during = f"while building tower {ctx.index} ({ctx.device})"
             raise code_error(err, reference, during, self.found.roots, self.ours,
                              _mixed_types_hint(err, ctx)) from err
-        if v1_graph:
-            _run_state_updates(graph.get_operations()[start:])
         return outputs
 
     def _build(self, features, labels, ctx):
@@ -190,10 +183,3 @@ def _checked(result: Any, what: str):
         f"or a scalar loss tensor{hint}"
     )
 
-
-def _run_state_updates(ops: list[tf.Operation]) -> None:
-    collection = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.UPDATE_OPS)
-    known = {u if isinstance(u, tf.Operation) else u.op for u in collection}
-    for op in keras_model.unrun_state_updates(ops):
-        if op not in known:
-            collection.append(op)

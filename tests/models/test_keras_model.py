@@ -12,13 +12,6 @@ v1 = tf.compat.v1
 CTX = TowerContext(0, 1, "/cpu:0", True)
 
 
-@pytest.fixture
-def keras_graph():
-    keras.utils.clear_session()
-    with tf.Graph().as_default() as graph:
-        yield graph
-
-
 def classifier(**compile_args):
     net = keras.Sequential([keras.layers.Dense(3)])
     net.compile(**compile_args)
@@ -75,33 +68,15 @@ def test_layer_penalties_join_the_loss(keras_graph):
     assert got == pytest.approx(base + np.sum(w**2), rel=1e-5)
 
 
-def test_batch_norm_statistics_become_update_ops_and_compile_state_leaves_checkpoints(
-        keras_graph):
+def test_compile_state_leaves_checkpoints(keras_graph):
     x, y = inputs()
     net = keras.Sequential([keras.layers.Dense(3), keras.layers.BatchNormalization()])
     net.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
-    start = len(keras_graph.get_operations())
     keras_model.tower_outputs(net, x, y, CTX)
-    updates = keras_model.unrun_state_updates(keras_graph.get_operations()[start:])
-    targets = sorted(op.inputs[0].op.name for op in updates)
-    assert targets == ["sequential/batch_normalization/moving_mean",
-                       "sequential/batch_normalization/moving_variance"]
     names = [v.op.name for v in v1.global_variables()]
+    assert "sequential/batch_normalization/moving_mean" in names
     assert not any(n.startswith(("adam", "loss")) for n in names), names
-    mean = [w for w in net.weights if "moving_mean" in w.path][0].value
-    with v1.Session() as sess:
-        sess.run(v1.global_variables_initializer())
-        sess.run(updates, {x: np.full((4, 4), 3.0, np.float32), y: [0, 1, 2, 0]})
-        assert np.abs(sess.run(mean)).max() > 0  # the update ran and moved it
-
-
-def test_assignments_something_already_runs_are_left_alone(keras_graph):
-    var = v1.get_variable("counter", [], trainable=False)
-    start = len(keras_graph.get_operations())
-    with tf.control_dependencies([var.assign_add(1.0)]):
-        tf.identity(1.0)
-    assert keras_model.unrun_state_updates(keras_graph.get_operations()[start:]) == []
 
 
 @pytest.mark.parametrize("compile_args, message", [
@@ -126,9 +101,3 @@ def test_a_model_computing_in_another_type_than_the_towers_is_refused(keras_grap
     with pytest.raises(keras_model.KerasModelError,
                        match="computes in float32 but the towers compute in bfloat16"):
         keras_model.tower_outputs(net, x, y, bfloat16)
-
-
-def test_reset_names_restarts_layer_names():
-    keras.layers.Dense(1)
-    keras_model.reset_names()
-    assert keras.layers.Dense(1).name == "dense"

@@ -1,0 +1,251 @@
+"""``data.source: tfrecord``: sharded files of ``tf.train.Example``, read in parallel by
+schema (``data.schema``, :mod:`launch.data.record_schema`), and checked up front.
+
+Without a schema a record holds a ``features`` float list (int64 for integer specs) and
+a ``label`` or ``labels`` int64 list, the layout ``towers data convert -c job.yaml``
+writes.
+
+Numeric features (float, int) and raw pixels (uint8) are parsed a whole batch at a
+time by ``parse_example``; encoded images are parsed and decoded one record at a time
+(their sizes differ) and then batched. Pixels are then augmented (raw pixels; encoded
+ones were cropped while decoding) and normalised a batch at a time. With
+``data.on_bad_record: skip`` every record is parsed on its own, so one that fails is
+skipped, named and counted alone (``launch.data.stream.per_record``).
+
+Before training every record of every file is read (the reader checks its CRC) and
+checked against the schema; images are decoded in the first CHECK_RECORDS records of
+each file. So mid-run only an image that does not decode can fail, and it is named by
+its file and record. Records are counted from 0 in every message.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import tensorflow as tf
+
+from launch.config import PIXEL_KINDS, ImageConfig
+from launch.data import images
+from launch.data.errors import DataError
+from launch.data.formats import describe, read_error
+from launch.data.record_schema import (
+    LEGACY_LABEL_KEYS,
+    RecordSchema,
+    check_example,
+    legacy_label_key,
+    legacy_schema,
+    parse_example_proto,
+    record_schema,
+)
+from launch.data.skips import RecordGaps
+from launch.data.sources.base import DataSpec, Shard, Source
+from launch.data.stream import (
+    ORIGIN_FILE,
+    Pipeline,
+    batched,
+    checked_labels,
+    files_of_shard,
+    finish_batch,
+    interleave_files,
+    per_record,
+    shard_files,
+)
+from models import InputSpec
+
+# check_tfrecord_files parses (and decodes, for images) this many records at the start
+# of every file; the CRC of every record is checked regardless.
+CHECK_RECORDS = 8
+
+
+class TfRecord(Source):
+    """Records laid out as data.schema says: numeric lists, raw pixels or encoded JPEG/PNG
+    images (decoded, augmented and normalised as data.image says). A reader's share is
+    its files when there are enough of them, else every n-th record."""
+
+    name = "tfrecord"
+    shards_files = True
+
+    def data_spec(self) -> DataSpec:
+        """data.schema's shapes, dtypes and classes; without one, the first record's."""
+        schema = self.cfg.schema
+        if schema is None:
+            return _first_record_spec(self.files(), describe(self.paths(), self.files()))
+        return DataSpec("data.schema", schema.shape,
+                        tf.int32 if schema.kind == "int" else tf.float32, schema.label_shape,
+                        schema.num_classes, exact=schema.kind in PIXEL_KINDS)
+
+    def record_schema(self, files: list[str], spec: InputSpec, where: str) -> RecordSchema:
+        """How to read each record for ``spec``: data.schema, or the layout without one."""
+        if self.cfg.schema is None:
+            return legacy_schema(spec, first_label_key(files, where))
+        return record_schema(self.cfg.schema, spec)
+
+    def check(self, spec: InputSpec, *, training: bool = True, shard: Shard = (0, 1)) -> None:
+        """Every record of this reader's files (CRCs, the schema; images decoded in the
+        first CHECK_RECORDS of each), naming the file and record of a bad one."""
+        paths, files = self.paths(training), self.files(training)
+        mine = files_of_shard(files, shard) or files
+        check_tfrecord_files(mine, self.record_schema(files, spec, describe(paths, files)),
+                             describe(paths, mine), skip=self.skips())
+
+    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
+        """The cheap check first (the first record matches the schema), then the files."""
+        files = self.files(p.training)
+        where = describe(self.paths(p.training), files)
+        schema = self.record_schema(files, spec, where)
+        check_first_record(files, schema, where)
+        return tfrecord_dataset(files, schema, spec, self.cfg.image, where, p)
+
+
+def _first_record_spec(files: list[str], where: str) -> DataSpec:
+    """What a TFRecord without a schema says: the first record's list lengths and kinds."""
+    where, record = first_record(files, where)
+    feature_map = parse_example_proto(where, record)
+    if "features" not in feature_map:
+        return DataSpec(where)
+    kind = feature_map["features"].WhichOneof("kind")
+    values = getattr(feature_map["features"], kind).value
+    dtype = {"float_list": tf.float32, "int64_list": tf.int32}.get(kind)
+    label_key = next((key for key in LEGACY_LABEL_KEYS if key in feature_map), None)
+    label_shape = None
+    if label_key is not None:
+        count = len(feature_map[label_key].int64_list.value)
+        label_shape = () if label_key == "label" and count == 1 else (count,)
+    return DataSpec(where, (len(values),), dtype, label_shape)
+
+
+def tfrecord_dataset(files: list[str], schema: RecordSchema, spec: InputSpec,
+                     image_cfg: ImageConfig, where: str, p: Pipeline) -> tf.data.Dataset:
+    """Batches of features [B, *spec.feature_shape] and labels [B, *spec.label_shape]."""
+    files, p = shard_files(files, p)
+    records = interleave_files(files, tf.data.TFRecordDataset, p)
+    opts = images.image_options(image_cfg, schema.shape, p.training) if schema.pixels else None
+    batch = p.batch_size if p.drop_remainder else None
+
+    def seed(number: tf.Tensor) -> tf.Tensor:
+        return tf.stack([tf.constant(p.seed, tf.int64), number])
+
+    def labels_of(parsed: dict) -> tf.Tensor:
+        labels = parsed[schema.label]
+        if schema.label_offset:
+            labels -= schema.label_offset
+        return checked_labels(labels, spec, where)
+
+    def features_of(parsed: dict) -> tf.Tensor:
+        values = parsed[schema.features]
+        if schema.kind != "uint8":
+            return values
+        pixels = tf.io.decode_raw(values, tf.uint8)  # [..., size]: raw bytes of each
+        return tf.reshape(pixels, tf.concat([tf.shape(values), schema.shape], axis=0))
+
+    def finish(number: tf.Tensor, features: tf.Tensor, labels: tf.Tensor) -> tuple:
+        """A parsed batch -> the model's: raw pixels augmented, pixels normalised."""
+        if schema.kind == "uint8":
+            features = images.pixels(features, seed(number), opts)
+        if opts is not None:
+            features = images.normalise(features, opts)
+        return finish_batch(features, labels, spec, batch)
+
+    if schema.kind == "image" or p.skipped is not None:
+        def parse_one(number: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            parsed = tf.io.parse_single_example(record, schema.parse_spec())
+            features = features_of(parsed)
+            if schema.kind == "image":
+                features = images.decode(features, seed(number), opts)
+            return features, labels_of(parsed)
+
+        gaps = RecordGaps(lambda origin: name_record(files, schema, origin), p.skipped)
+        return per_record(records, p, p.shuffle_buffer, parse_one, finish, gaps)
+
+    def parse(number: tf.Tensor, pairs: tuple) -> tuple[tf.Tensor, tf.Tensor]:
+        parsed = tf.io.parse_example(pairs[1], schema.parse_spec())
+        return finish(number, features_of(parsed), labels_of(parsed))
+
+    return batched(records, p, p.shuffle_buffer, parse)
+
+
+# ------------------------------------------------------------------ up-front checks
+
+
+def records_of(name: str) -> Iterator[bytes]:
+    """The records of one file; a corrupt one (bad CRC, truncated) raises DataError
+    naming the file and the record index."""
+    index = 0
+    try:
+        for record in tf.compat.v1.io.tf_record_iterator(name):
+            yield record
+            index += 1
+    except tf.errors.DataLossError as err:
+        raise DataError(f"{name}: record {index} is corrupt ({err.message})") from None
+    except tf.errors.OpError as err:
+        raise read_error(name, err) from None
+
+
+def check_tfrecord_files(files: list[str], schema: RecordSchema, where: str,
+                         skip: bool = False) -> int:
+    """Read every record of ``files`` (the reader checks their CRCs) and check each
+    against ``schema``, decoding the images of the first CHECK_RECORDS of each file.
+    A bad record is a DataError naming its file and record, unless ``skip``: then the
+    pipeline leaves it out. Returns the count of good records; none is a DataError
+    naming ``where``."""
+    good, bad, first_bad, encoded = 0, 0, None, []
+    for name in files:
+        for index, record in enumerate(records_of(name)):
+            try:
+                feature = check_example(f"{name}: record {index}", record, schema)
+            except DataError as err:
+                if not skip:
+                    raise
+                bad, first_bad = bad + 1, first_bad or err
+                continue
+            good += 1
+            if schema.kind == "image" and index < CHECK_RECORDS and not skip:
+                encoded.append((f"{name}: record {index}", feature.bytes_list.value[0]))
+    if schema.kind == "image":
+        images.check_decodes(encoded, schema.shape[2])
+    if not good:
+        raise DataError(f"{where}: no examples: " + (
+            f"all {bad} records are bad, e.g. {first_bad}" if bad else "no records in any file"))
+    return good
+
+
+def name_record(files: list[str], schema: RecordSchema, origin: int) -> str:
+    """What is wrong with the record at ``origin`` (file index * ORIGIN_FILE + index),
+    and where it is: read again and checked, or, if it passes, that it does not decode."""
+    name, index = files[origin // ORIGIN_FILE], origin % ORIGIN_FILE
+    where = f"{name}: record {index}"
+    records = records_of(name)
+    try:
+        record = next(itertools.islice(records, index, None), None)
+        if record is not None:
+            check_example(where, record, schema)
+    except DataError as err:
+        return str(err)
+    finally:
+        records.close()
+    if schema.kind == "image":
+        return f"{where}: {schema.features!r} does not decode as an image"
+    return f"{where} failed to parse"
+
+
+def first_record(files: list[str], where: str) -> tuple[str, bytes]:
+    """(where, record) of the first record found in ``files``."""
+    for name in files:
+        records = records_of(name)
+        record = next(records, None)
+        records.close()
+        if record is not None:
+            return f"{name}: record 0", record
+    raise DataError(f"{where}: no examples: no records in any file")
+
+
+def first_label_key(files: list[str], where: str) -> str:
+    """The layout without a schema: 'label' or 'labels', from the first record."""
+    return legacy_label_key(*first_record(files, where))
+
+
+def check_first_record(files: list[str], schema: RecordSchema, where: str) -> None:
+    """The cheap check a pipeline makes as it is built: the first record matches the
+    schema."""
+    check_example(*first_record(files, where), schema)

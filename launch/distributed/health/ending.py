@@ -1,0 +1,141 @@
+"""How a ps/worker job ends, so that no process waits forever.
+
+- When the job stops for one worker it stops for all: the chief, when it stops
+  (train.steps reached, or a stop signal), and any worker that runs out of data
+  (a finite data set, `data.epochs`) put a token on the "stop" queue on ps 0,
+  whose size every worker fetches with each step. Without that, a synchronous
+  step would wait for ever for the gradient of a worker that has left.
+- A worker whose step diverged (a NaN or infinite loss or gradient, never
+  applied) puts its rank on the "diverged" queue: every other worker stops at its
+  next step with exit status 3 too, and the chief saves nothing after its last
+  checkpoint, so an asynchronous job never goes on from weights it can no longer
+  trust, exactly as a single process would not.
+- In synchronous mode whoever stops the job also releases sync tokens, so a
+  worker blocked waiting for its next token wakes up and sees the stop.
+- Every worker, once its training session has closed (the chief's final
+  checkpoint written), puts its rank on a "finished" queue on every ps task; a
+  ps task exits when every worker has reported (the rest of its rules are in
+  launch/distributed/ps.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from launch.distributed.cluster import Task
+from launch.errors import Diverged
+from launch.runtime.hooks import DataEndHook
+
+V1 = tf.compat.v1
+
+QUEUE_CAPACITY = 1024  # far more than tokens ever sent; a full queue would block a worker
+REPORT_TIMEOUT_MS = 10_000  # a ps that has gone cannot be told; it has stopped anyway
+
+
+def shared_queue(name: str, device: str) -> tf.queue.FIFOQueue:
+    """A queue that lives on `device` and is shared by name across the cluster's graphs."""
+    with tf.device(device):
+        return tf.queue.FIFOQueue(
+            QUEUE_CAPACITY, [tf.int32], shapes=[[]], shared_name=name, name=name
+        )
+
+
+def finished_queue(ps_index: int) -> tf.queue.FIFOQueue:
+    return shared_queue(f"towers_finished_{ps_index}", f"/job:ps/task:{ps_index}")
+
+
+def stop_queue() -> tf.queue.FIFOQueue:
+    return shared_queue("towers_stop", "/job:ps/task:0")
+
+
+def diverged_queue() -> tf.queue.FIFOQueue:
+    return shared_queue("towers_diverged", "/job:ps/task:0")
+
+
+class PeerDiverged(Diverged):
+    """Another worker of the job diverged (its rank is in the message)."""
+
+
+class JobEndHook(V1.train.SessionRunHook):
+    """Every worker's part in ending the job (see the module docstring).
+
+    release_tokens: the sync optimizer's op putting one token per worker on its
+    token queue (None in asynchronous mode). data_end: says whether this worker's
+    session ended because its data ran out (it runs before this hook).
+    """
+
+    def __init__(self, task: Task, release_tokens: tf.Operation | None,
+                 data_end: DataEndHook, write: Callable[[str], None]):
+        self._task, self._data_end, self._write = task, data_end, write
+        stop, diverged = stop_queue(), diverged_queue()
+        everyone = task.num_workers
+        release = [release_tokens] if release_tokens is not None else []
+        self._sizes = {"stop": stop.size(), "diverged": diverged.size()}
+        self._which_diverged = diverged.dequeue()
+        self._signal_stop = tf.group(stop.enqueue_many(tf.zeros([everyone], tf.int32)), *release)
+        ranks = tf.fill([everyone], tf.constant(task.worker_rank, tf.int32))
+        self.signal_diverged = tf.group(diverged.enqueue_many(ranks), *release)
+        self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged)]
+        self.graph = tf.compat.v1.get_default_graph()
+        self.peer_diverged: int | None = None
+
+    def clear(self, master: str, config: V1.ConfigProto) -> None:
+        """The chief, before it initialises or restores the variables: empty the queues
+        of what an earlier run left on a ps that outlived it. Before, not after: the
+        other workers start training as soon as the variables are ready, and a worker
+        that diverges at once must find its rank still on the queue."""
+        with V1.Session(master, graph=self.graph, config=config) as sess:
+            sess.run(self._drain)
+
+    def before_run(self, run_context):
+        return V1.train.SessionRunArgs(self._sizes)
+
+    def after_run(self, run_context, run_values) -> None:
+        if run_values.results["diverged"]:
+            self.peer_diverged = int(run_context.session.run(self._which_diverged))
+            raise PeerDiverged(
+                f"worker rank {self.peer_diverged} diverged (a NaN or infinite loss or "
+                "gradient, not applied); every worker of the job stops"
+            )
+        if run_values.results["stop"]:
+            run_context.request_stop()
+
+    def end(self, session) -> None:
+        out_of_data = self._data_end.ran_out
+        if out_of_data:
+            self._write(f"worker rank {self._task.worker_rank} ran out of data; "
+                        "stopping every worker of the job")
+        if self._task.is_chief or out_of_data:
+            session.run(self._signal_stop)
+
+
+def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None:
+    """After this worker's session failed on a non-finite step: stop the others.
+
+    The training session is closed by then, so a fresh one runs the hook's op. A ps
+    that is gone cannot pass it on, and nothing can train without it anyway.
+    """
+    try:
+        with V1.Session(master, graph=hook.graph, config=config) as sess:
+            sess.run(hook.signal_diverged,
+                     options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+        pass
+
+
+def report_finished(task: Task, master: str, config: V1.ConfigProto,
+                    write: Callable[[str], None]) -> None:
+    """Tell every ps task this worker is done, from a fresh session after training's."""
+    graph = tf.Graph()
+    with graph.as_default():
+        rank = tf.constant(task.worker_rank)
+        report = tf.group(
+            *[finished_queue(k).enqueue(rank) for k in range(len(task.cluster["ps"]))]
+        )
+    try:
+        with V1.Session(master, graph=graph, config=config) as sess:
+            sess.run(report, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+        write("could not report finished to every ps task; one has stopped already")
