@@ -16,7 +16,7 @@ import os
 
 import pytest
 import yaml
-from cli_helpers import ROOT
+from helpers.commands import ROOT
 from kubernetes_validate import utils as k8s
 
 from launch import modelref

@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cli_helpers import FAST, ROOT, environment
+from helpers.commands import FAST, ROOT, environment
 
 from launch.distributed.local_cluster import free_ports
 

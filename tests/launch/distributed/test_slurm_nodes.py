@@ -8,9 +8,8 @@ ps/worker example trains across two nodes (its TOWERS command being
 tests/helpers/slurm_towers.py until towers reads Slurm's environment itself).
 """
 
-import net_hosts
 import pytest
-from helpers import slurm
+from helpers import net_hosts, slurm
 
 from launch.distributed.slurm_env import slurm_task
 

@@ -16,8 +16,8 @@ import subprocess
 import time
 
 import pytest
-from cli_helpers import latest_step
 from helpers import slurm
+from helpers.checkpoints import latest_step
 
 from launch.distributed.slurm_env import expand_hostlist, slurm_task
 

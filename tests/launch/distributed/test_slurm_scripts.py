@@ -7,7 +7,7 @@ import re
 import shlex
 
 import pytest
-from cli_helpers import ROOT
+from helpers.commands import ROOT
 
 from launch.cli import build_parser
 
