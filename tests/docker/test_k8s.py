@@ -22,7 +22,8 @@ from kubernetes_validate import utils as k8s
 from launch import modelref
 from launch.cli import build_parser
 from launch.config import load_job
-from launch.distributed.indexed_job_env import DEFAULT_PORT, indexed_job_task
+from launch.distributed.cluster import Flags, resolve
+from launch.distributed.cluster.indexed_job import DEFAULT_PORT
 from launch.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUG,
@@ -133,8 +134,15 @@ def test_each_pod_is_named_by_the_headless_service_it_tells_towers_of():
         "metadata.labels['batch.kubernetes.io/job-name']")  # the Job's own name, no copy
 
 
-def test_the_cluster_port_is_the_same_everywhere():
-    port = int(env_values().get("TOWERS_K8S_PORT", DEFAULT_PORT))
+def job_file(tmp_path):
+    """The ConfigMap's job file, loaded as the pods load it."""
+    path = tmp_path / "job.yaml"
+    path.write_text(indexed()["ConfigMap"]["data"]["job.yaml"])
+    return load_job(str(path), check_model=modelref.check)
+
+
+def test_the_cluster_port_is_the_same_everywhere(tmp_path):
+    port = job_file(tmp_path).cluster.port_base or DEFAULT_PORT
     ports = {p["name"]: p["containerPort"] for p in container()["ports"]}
     assert ports["cluster"] == port == indexed()["Service"]["spec"]["ports"][0]["port"]
     policy = indexed()["NetworkPolicy"]["spec"]
@@ -151,16 +159,17 @@ def pod_environment(index: int) -> dict[str, str]:
             "TOWERS_K8S_JOB": name, **env_values()}
 
 
-def test_every_pod_finds_the_same_cluster_and_itself_at_its_own_dns_name():
+def test_every_pod_finds_the_same_cluster_and_itself_at_its_own_dns_name(tmp_path):
     workers = int(env_values()["TOWERS_K8S_WORKERS"])
-    tasks = [indexed_job_task(pod_environment(i)) for i in range(workers)]
+    cluster = job_file(tmp_path).cluster
+    tasks = [resolve(cluster, Flags(), "train", pod_environment(i)) for i in range(workers)]
     assert all(t.cluster == tasks[0].cluster for t in tasks)
     for index, task in enumerate(tasks):
         env = pod_environment(index)
         assert (task.job_name, task.task_index) == ("worker", index)
         # <hostname>.<subdomain>: the record the headless Service gives this pod.
         assert task.cluster["worker"][index] == (
-            f"{env['HOSTNAME']}.{pod_spec()['subdomain']}:{env['TOWERS_K8S_PORT']}")
+            f"{env['HOSTNAME']}.{pod_spec()['subdomain']}:{cluster.port_base}")
 
 
 def test_the_pods_run_towers_train_on_the_configmaps_job_with_every_gpu(tmp_path):

@@ -3,15 +3,14 @@ tasks (its own address, hostname and /etc/hosts; tests/helpers/slurm.py), a
 controller on a fourth, and the clients there as on a login node.
 
 The steps' environments are the ones Slurm sets on several nodes (a compressed node
-list, tasks per node, node ids), read by launch/distributed/slurm_env.py; and the
-ps/worker example trains across two nodes (its TOWERS command being
-tests/helpers/slurm_towers.py until towers reads Slurm's environment itself).
+list, tasks per node, node ids), resolved as towers resolves them
+(launch/distributed/cluster/slurm.py); and the ps/worker example trains across two
+nodes, each task running `towers train`.
 """
 
 import pytest
 from helpers import net_hosts, slurm
-
-from launch.distributed.slurm_env import slurm_task
+from helpers.launched import task_of
 
 pytestmark = pytest.mark.e2e
 
@@ -34,14 +33,14 @@ def test_the_tasks_of_a_three_node_step_agree_on_one_cluster_each_on_its_node(cl
     envs = cluster.step_environments(tmp_path, "--nodes=3", "--ntasks-per-node=2")
     assert {env["SLURM_STEP_NODELIST"] for env in envs} == {"n[1-3]"}  # compressed, as Slurm does
     assert {env["SLURM_STEP_TASKS_PER_NODE"] for env in envs} == {"2(x3)"}
-    tasks = [slurm_task(env) for env in envs]
+    tasks = [task_of(env) for env in envs]
     workers = tasks[0].cluster["worker"]
     assert [a.split(":")[0] for a in workers] == ["n1", "n1", "n2", "n2", "n3", "n3"]
     for rank, (env, task) in enumerate(zip(envs, tasks, strict=True)):
         assert task.cluster == {"worker": workers}
         assert (task.job_name, task.task_index) == ("worker", rank)
         assert workers[rank].split(":")[0] == env["HOSTNAME"]  # it serves where it runs
-    roles = [slurm_task(env, ps_per_node=1) for env in envs]
+    roles = [task_of(env, ps_per_node=1) for env in envs]
     assert [(t.job_name, t.task_index) for t in roles] == [
         ("ps", 0), ("worker", 0), ("ps", 1), ("worker", 1), ("ps", 2), ("worker", 2)]
     assert [a.split(":")[0] for a in roles[0].cluster["ps"]] == ["n1", "n2", "n3"]

@@ -1,11 +1,9 @@
 """Slurm for real: a one-node cluster of Debian's slurm-wlm (tests/helpers/slurm.py), its
-srun steps' environments read by launch/distributed/slurm_env.py, and the sbatch
-examples of examples/slurm run as written, training real towers tasks.
-
-Until towers reads Slurm's environment itself, the examples' TOWERS command is
-tests/helpers/slurm_towers.py: slurm_env's answer handed to `towers ps|worker` as
-TF_CONFIG. Everything else is the real thing: sbatch, srun, scancel, scontrol
-requeue, Slurm's signals, and the examples' own traps.
+srun steps' environments resolved as towers resolves them
+(launch/distributed/cluster/slurm.py), and the sbatch examples of examples/slurm run as
+written, each task running `towers train` (as `python -m launch train`, the tree under
+test): sbatch, srun, scancel, scontrol requeue, Slurm's signals, and the examples' own
+traps.
 """
 
 import os
@@ -18,8 +16,9 @@ import time
 import pytest
 from helpers import slurm
 from helpers.checkpoints import latest_step
+from helpers.launched import task_of
 
-from launch.distributed.slurm_env import expand_hostlist, slurm_task
+from launch.distributed.cluster.slurm import expand_hostlist
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +46,7 @@ def test_host_lists_expand_as_slurm_itself_expands_them(cluster):
 
 def test_the_tasks_of_a_real_step_agree_on_one_cluster_of_reachable_addresses(cluster, tmp_path):
     envs = cluster.step_environments(tmp_path, "--ntasks=3")
-    tasks = [slurm_task(env) for env in envs]
+    tasks = [task_of(env) for env in envs]
     workers = tasks[0].cluster["worker"]
     assert all(t.cluster == {"worker": workers} for t in tasks)
     assert [(t.job_name, t.task_index) for t in tasks] == [("worker", i) for i in range(3)]
@@ -55,12 +54,17 @@ def test_the_tasks_of_a_real_step_agree_on_one_cluster_of_reachable_addresses(cl
     assert hosts == {cluster.node} == {env["SLURMD_NODENAME"] for env in envs}
     assert socket.gethostbyname(cluster.node)  # the node list's names resolve
     assert len({a.rsplit(":", 1)[1] for a in workers}) == 3
-    assert all(t.cuda_visible_devices is None for t in tasks)  # no GPUs asked for
+    assert all(t.gpus is None for t in tasks)  # no GPUs asked for
+
+
+def test_a_step_of_one_task_is_one_process(cluster, tmp_path):
+    (env,) = cluster.step_environments(tmp_path, "--ntasks=1", "--gres=gpu:4")
+    assert env["SLURM_STEP_NUM_TASKS"] == "1" and task_of(env) is None
 
 
 def test_gpus_slurm_binds_to_each_task_are_kept(cluster, tmp_path):
     envs = cluster.step_environments(tmp_path, "--ntasks=2", "--gpus-per-task=1")
-    seen = [slurm_task(env).cuda_visible_devices for env in envs]
+    seen = [task_of(env).gpus for env in envs]
     assert sorted(seen) == ["0", "1"]
     assert seen == [env["CUDA_VISIBLE_DEVICES"] for env in envs]
 
@@ -68,10 +72,10 @@ def test_gpus_slurm_binds_to_each_task_are_kept(cluster, tmp_path):
 def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path):
     envs = cluster.step_environments(tmp_path, "--ntasks=3", "--gres=gpu:4")
     assert {env["CUDA_VISIBLE_DEVICES"] for env in envs} == {"0,1,2,3"}  # as Slurm sets it
-    assert [slurm_task(env).cuda_visible_devices for env in envs] == ["0,1", "2", "3"]
-    roles = [slurm_task(env, ps_per_node=1) for env in envs]
-    assert [(t.job_name, t.cuda_visible_devices) for t in roles] == [
-        ("ps", ""), ("worker", "0,1"), ("worker", "2,3")]
+    assert [task_of(env).gpus for env in envs] == ["0,1", "2", "3"]
+    roles = [task_of(env, ps_per_node=1) for env in envs]
+    assert [(t.job_name, t.gpus) for t in roles] == [("ps", ""), ("worker", "0,1"),
+                                                     ("worker", "2,3")]
 
 
 # --- the sbatch examples, training --------------------------------------------------------
@@ -103,12 +107,13 @@ def towers_pid(cluster, job: int, rank: int) -> int:
     raise AssertionError(f"no child of task {rank}'s shell {shell} in {listed}")
 
 
-def test_a_collective_job_requeued_on_138_and_near_its_time_limit_resumes_and_scancel_saves(
+def test_the_collective_example_requeued_on_138_and_near_its_time_limit_resumes_to_the_end(
         cluster, tmp_path):
     """Run 1: a worker is killed, the other ends with 138 and requeues the job. Run 2:
     resumes; the early warning (USR1 to the batch script, as --signal=B:USR1 sends it)
-    makes both save and exit 0, and the script requeues. Run 3: resumes, and scancel
-    (SIGTERM to every task, SIGKILL after KillWait) makes both save and exit 0."""
+    makes both save and exit 0, and the script requeues. Run 3: resumes and trains to
+    train.steps, which the job file now sets a little past the saved step; every task
+    exits 0."""
     job = submit(cluster, tmp_path, "collective.sbatch", 2, 100_000,
                  "--set", "train.checkpoint_every_steps=20",
                  "--set", "cluster.operation_timeout_secs=10")
@@ -118,24 +123,46 @@ def test_a_collective_job_requeued_on_138_and_near_its_time_limit_resumes_and_sc
     runs = [cluster.output(job)]
     assert re.search(r"towers: error: .*worker 1", runs[0]), runs[0][-3000:]  # names it
 
-    second = resumed_run(cluster, job, runs)
+    resumed_run(cluster, job, runs)
     cluster.scancel(job, "--batch", "--signal=USR1")
     cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=120)
     second = cluster.output(job)[len(runs[0]):]
     runs.append(second)
     saved_at = latest_step(tmp_path / "ckpt")
+    slurm.write_job(tmp_path, steps=saved_at + 20)  # the next run reads it as it starts
     assert "towers: srun exited 0" in second, second[-3000:]
     assert [r["stopped_by"] for r in slurm.results(second)] == ["signal", "signal"]
     assert saved_at > resumed_step(second)
 
-    third = resumed_run(cluster, job, runs)
-    assert resumed_step(third) == saved_at
-    cluster.scancel(job)
-    end = cluster.wait_end(job, timeout=120, restarts=2)
+    end = cluster.wait_end(job, timeout=240, restarts=2)
     third = cluster.output(job)[sum(map(len, runs)):]
-    assert end.state == "CANCELLED" and "towers: srun exited 0" in third, third[-3000:]
-    assert [r["stopped_by"] for r in slurm.results(third)] == ["signal", "signal"]
-    assert latest_step(tmp_path / "ckpt") > saved_at
+    assert (end.state, end.exit_code) == ("COMPLETED", 0), third[-3000:]
+    assert resumed_step(third) == saved_at and "towers: srun exited 0" in third
+    done = slurm.results(third)
+    assert sorted((r["job"], r["task"]) for r in done) == [("worker", 0), ("worker", 1)]
+    assert all("stopped_by" not in r for r in done), done
+    assert latest_step(tmp_path / "ckpt") == saved_at + 20
+
+
+def test_the_ps_worker_example_saves_and_exits_0_on_scancel_each_task_with_its_gpus(
+        cluster, tmp_path):
+    """One node, a ps task and two workers sharing the node's 4 GPUs (`--gres=gpu:4`, as
+    the script asks): scancel sends every task one SIGTERM; the chief saves, every task
+    exits 0, and the job ends CANCELLED."""
+    job = slurm.submit_example(cluster, tmp_path, "ps_worker.sbatch", "--nodes=1",
+                               "--ntasks-per-node=3", "--gres=gpu:4", "--cpus-per-task=1",
+                               steps=100_000)
+    wait_for(cluster, job, r"step \d+/100000")
+    cluster.scancel(job)
+    end = cluster.wait_end(job, timeout=120)
+    output = cluster.output(job)
+    assert end.state == "CANCELLED" and "towers: srun exited 0" in output, output[-3000:]
+    done = {(r["job"], r["task"]): r for r in slurm.results(output)}
+    assert set(done) == {("ps", 0), ("worker", 0), ("worker", 1)}, output[-3000:]
+    assert {r.get("stopped_by") for r in done.values()} == {"signal"}
+    assert latest_step(tmp_path / "ckpt") >= done[("worker", 0)]["global_step"] > 0
+    shares = sorted(re.findall(r'(\w+ \d): CUDA_VISIBLE_DEVICES="([\d,]*)"', output))
+    assert shares == [("ps 0", ""), ("worker 0", "0,1"), ("worker 1", "2,3")], output[-3000:]
 
 
 def resumed_run(cluster, job: int, runs: list[str]) -> str:
