@@ -1,7 +1,9 @@
 """docker/k8s: every manifest held to Kubernetes' own schemas, and the Indexed Job's parts
 held to each other and to what towers makes of a pod's environment.
 
-No Kubernetes runs here. kubernetes-validate ships the OpenAPI schemas of every
+No Kubernetes runs here (the pods of the Indexed Job run as processes on test hosts
+of their own, with the environment and DNS names Kubernetes would give them).
+kubernetes-validate ships the OpenAPI schemas of every
 Kubernetes release; each manifest of a built-in kind is validated strictly (an
 unknown or misspelt field fails) against 1.31, the first release where a Job's
 podFailurePolicy is generally available, and against the newest release the package
@@ -16,7 +18,8 @@ import os
 
 import pytest
 import yaml
-from helpers.commands import ROOT
+from helpers import net_hosts
+from helpers.commands import FAST, ROOT, last_json
 from kubernetes_validate import utils as k8s
 
 from launch import modelref
@@ -170,6 +173,43 @@ def test_every_pod_finds_the_same_cluster_and_itself_at_its_own_dns_name(tmp_pat
         # <hostname>.<subdomain>: the record the headless Service gives this pod.
         assert task.cluster["worker"][index] == (
             f"{env['HOSTNAME']}.{pod_spec()['subdomain']}:{cluster.port_base}")
+
+
+@pytest.mark.e2e
+def test_the_pods_train_to_the_end_finding_each_other_by_their_dns_names(tmp_path):
+    """Each pod a process on a test host of its own (tests/helpers/net_hosts.py) with the
+    pod's hostname, the environment Kubernetes and the manifest give it, and the DNS
+    names the headless Service publishes (as the host's /etc/hosts), running the
+    container's command on the ConfigMap's job, made small: the pods form their cluster
+    with no address written anywhere, train to the end, and exit 0."""
+    reason = net_hosts.why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    envs = [pod_environment(i) for i in range(int(env_values()["TOWERS_K8S_WORKERS"]))]
+    names = [f"{env['HOSTNAME']}.{pod_spec()['subdomain']}" for env in envs]
+    path = tmp_path / "job.yaml"
+    path.write_text(indexed()["ConfigMap"]["data"]["job.yaml"])
+    command = [str(path) if arg.endswith("job.yaml") else arg for arg in container()["args"]]
+    small = [*FAST, "--set", "train.steps=20", "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
+             "--set", "cluster.startup_timeout_secs=60"]
+    net_hosts.sweep_stale()
+    network = net_hosts.TestNetwork.create()
+    try:
+        hosts = [network.host(f"pod{i}") for i in range(len(envs))]
+        (tmp_path / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+            f"{host.address} {name} {env['HOSTNAME']}\n"
+            for host, name, env in zip(hosts, names, envs, strict=True)))
+        pods = [host.start(tmp_path, f"pod{i}", *command, *small, env=env,
+                           prefix=host.as_machine(tmp_path / "hosts", env["HOSTNAME"]))
+                for i, (host, env) in enumerate(zip(hosts, envs, strict=True))]
+        for pod in pods:
+            assert pod.wait(timeout=240) == 0, pod.stderr[-3000:]
+        results = [last_json(pod.stdout) for pod in pods]
+    finally:
+        network.close()
+    assert [(r["job"], r["task"]) for r in results] == [("worker", 0), ("worker", 1)]
+    assert results[0]["global_step"] == 20
+    assert f"worker 0 serving {names[0]}:2222 (chief)" in pods[0].stderr
 
 
 def test_the_pods_run_towers_train_on_the_configmaps_job_with_every_gpu(tmp_path):

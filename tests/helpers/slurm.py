@@ -12,8 +12,7 @@ CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS as it would on a GPU node (nothing open
 `nodes_cluster()`: several nodes, each a test host (tests/net_hosts.py) that looks like
 a machine of its own to Slurm and to the tasks: slurmd runs in the host's network
 namespace, in a UTS namespace with the node's name as hostname, and in a mount
-namespace whose /etc/hosts names every host (`nsenter --net` + `unshare --mount
---uts`; `ip netns exec` would remount /sys, where slurmd needs the cgroup tree).
+namespace whose /etc/hosts names every host (net_hosts.Host.as_machine).
 slurmctld runs so on a host `ctl`, and so do the clients, as on a login node.
 
     with slurm.cluster(tmp_path, gpus=4) as cluster:
@@ -53,8 +52,9 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
          "BOOT_FAIL", "DEADLINE"}
 START_TIMEOUT = 60.0  # generous: the daemons are up within about a second here
 EXAMPLES = Path(ROOT) / "examples" / "slurm"
-# The examples' TOWERS command in the tests (see that file).
-SHIM = f"{sys.executable} {Path(ROOT) / 'tests' / 'helpers' / 'slurm_towers.py'}"
+# The examples' TOWERS command in the tests: towers itself, from the tree under test (the
+# `towers` console script may be another checkout's), as `python -m launch`.
+TOWERS = f"{sys.executable} -m launch"
 
 
 def why_unavailable() -> str | None:
@@ -363,10 +363,7 @@ def nodes_cluster(tmp_path: Path, network, count: int) -> Iterator[Cluster]:
 
     def on(name: str) -> list[str]:
         """A command on host `name` as on a machine of its own."""
-        host = network.host(name)
-        return ["nsenter", f"--net=/run/netns/{host.namespace}", "unshare", "--mount",
-                "--uts", "sh", "-c",
-                f'mount --bind {root}/hosts /etc/hosts && hostname {name} && exec "$@"', "sh"]
+        return network.host(name).as_machine(root / "hosts", name)
 
     made = Cluster(root, [h.name for h in hosts[1:]], client_prefix=on("ctl"))
     write_config(root, ("ctl", hosts[0].address), [(h.name, h.address) for h in hosts[1:]],
@@ -384,7 +381,7 @@ def submit_example(cluster: Cluster, directory: Path, example: str, *options: st
     which each run of the job reads anew, so a test may change it while the job waits
     to be requeued."""
     write_job(directory, steps)
-    env = {**environment(), "TOWERS": SHIM, "JOB": str(directory / "job.yaml")}
+    env = {**environment(), "TOWERS": TOWERS, "JOB": str(directory / "job.yaml")}
     return cluster.sbatch(
         EXAMPLES / example, *options, env=env,
         args=[*FAST, "--set", f"train.checkpoint_dir={directory / 'ckpt'}",
