@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench
+from launch import bench, cli_arrangement
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -191,40 +191,9 @@ def _data_parser(commands) -> None:
 def _load(args):
     from launch.config import load_job
 
-    return load_job(args.config, args.overrides, arrangement=lambda job: _arrangement(args, job),
+    return load_job(args.config, args.overrides,
+                    arrangement=lambda job: cli_arrangement.choose(args, job),
                     check_model=_check_model)
-
-
-# The commands that run a job's processes under an arrangement (launch.config.arrangements);
-# the others (eval, export, ...) take the job as its cluster.backend names it.
-_ARRANGED = ("train", "ps", "worker", "local-cluster", "validate")
-
-
-def _arrangement(args, job) -> str:
-    """The arrangement this command runs the job under: cluster.backend's, or for auto the
-    command's choice from the cluster (a ps/worker task's from the one it resolves,
-    local-cluster's from --ps, validate's from the job file's cluster section). The job
-    is checked against it as it loads."""
-    from launch.config import choose
-
-    if args.command not in _ARRANGED:
-        return job.cluster.backend
-    if args.command in ("ps", "worker"):
-        cluster = _task(args, job).cluster
-    elif args.command == "local-cluster":
-        cluster = ("ps", "worker") if args.ps else ("worker",)
-    else:
-        cluster = tuple(name for name in ("ps", "worker", "chief") if getattr(job.cluster, name))
-    return choose(job.cluster.backend, None if args.command == "validate" else args.command,
-                  cluster)
-
-
-def _task(args, job):
-    """This ps or worker task's place in the cluster (launch.distributed.cluster)."""
-    from launch.distributed import cluster
-
-    flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
-    return cluster.resolve(job.cluster, flags, args.command)
 
 
 def _check_model(model) -> None:
@@ -278,11 +247,11 @@ def _evaluator(args, job) -> int:
 
 def _run_arranged(args, job) -> int:
     """This process's part of the job, as its arrangement runs it: one process or one
-    Horovod rank (`train`), a ps or worker task (`ps`, `worker`)."""
+    Horovod rank (`train`), a ps or worker task (`ps`, `worker`, or `train` under a
+    launcher)."""
     from launch.distributed.arrangements import arrangement
 
-    task = _task(args, job) if args.command in ("ps", "worker") else None
-    _print_json(arrangement(_arrangement(args, job)).run(job, task))
+    _print_json(arrangement(args.arrangement).run(job, args.task))
     return EXIT_OK
 
 

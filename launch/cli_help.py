@@ -8,6 +8,7 @@ EPILOG_TRAIN = """examples:
   towers train --set towers.precision=mixed_bfloat16 --set train.accumulate_steps=4
   horovodrun -np 4 -H localhost:4 towers train -c job.yaml --backend horovod
   towers train -c job.yaml --set model.name=my_models.net:build --set model.width=64
+  srun towers train -c job.yaml                 # every task of a Slurm step: one cluster
 
 model.name is a built-in model, a name an installed package registers, or
 module:attribute of your own code (found on sys.path, in model.path or beside
@@ -20,6 +21,12 @@ this process's own; docs/figures.md), precision and accumulate_steps (and, in
 mixed_float16, loss_scale and overflow_steps). Re-running with
 the same checkpoint_dir resumes from its latest checkpoint; one trainer at a time
 (another finds it in use and exits 2). SIGTERM or Ctrl-C saves a checkpoint and exits 0.
+
+In every task of a Slurm step of several tasks (srun), or every pod of a Kubernetes
+Indexed Job set up as docker/k8s/indexed-job.yaml, train is the worker (or, with
+cluster.ps_per_node, the ps task) its launcher makes it, with its share of the node's
+GPUs: no addresses to write (docs/slurm.md, docs/kubernetes.md).
+cluster.backend: in_process keeps each task one process of its own.
 """
 
 EPILOG_EVAL = """examples:
@@ -104,7 +111,9 @@ examples:
 
 
 EPILOG_ROLES = """The same job file as `towers train`; the cluster comes from the job file's
-cluster section, the flags below, or TF_CONFIG (as Kubeflow's TFJob sets it).
+cluster section, the flags below, TF_CONFIG (as Kubeflow's TFJob sets it), or the
+Slurm step or Indexed Job the task runs in (where `towers train` in every task is
+simpler: it is the ps or worker task it is made).
 Worker 0 is chief unless the cluster has a chief task. TensorFlow's gRPC runtime
 has no authentication or encryption and runs any graph it is sent, on every
 interface: firewall cluster ports to the cluster's own hosts.

@@ -30,7 +30,8 @@ LAUNCH_LAYERS = [
     ("launch.distributed.arrangements",),
     ("launch.distributed.local_cluster",),
     ("launch.bench",),
-    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
+    ("launch.cli", "launch.cli_arrangement", "launch.cli_data", "launch.cli_help",
+     "launch.cli_timeline", "launch.__main__"),
 ]
 # The project's own layers: launch builds on models and towers, models on towers.
 PACKAGE_LAYERS = {"towers": 0, "models": 1, "launch": 2}

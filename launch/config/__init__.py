@@ -17,7 +17,8 @@ Modules, lowest first:
 * ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
   ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check.
 * ``arrangements``: what each ``cluster.backend`` (in_process, ps_worker, collective,
-  horovod) refuses, and which one a command runs a job under (``choose``).
+  horovod) refuses, and which one a command runs a job under (``choose``,
+  ``train_is_task``).
 * ``loading``: YAML (duplicate and merge keys), ``--set`` overrides, ``ConfigError`` and
   which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict`` and
   ``dump_yaml``.
@@ -25,7 +26,7 @@ Modules, lowest first:
 The names below are the package's interface; import them from ``launch.config``.
 """
 
-from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose
+from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose, train_is_task
 from launch.config.checks import AUTO
 from launch.config.data_options import (
     FEATURE_KINDS,
@@ -94,4 +95,5 @@ __all__ = [
     "from_dict",
     "load_job",
     "to_dict",
+    "train_is_task",
 ]

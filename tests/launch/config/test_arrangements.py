@@ -11,7 +11,10 @@ from launch.config.arrangements import CollectiveRules, HorovodRules, PsWorkerRu
 
 @pytest.mark.parametrize("backend, command, cluster, chosen", [
     ("auto", "train", (), "in_process"),
-    ("auto", "train", ("ps", "worker"), "in_process"),  # train runs one process whatever
+    # `towers train` has a cluster only under a launcher (Slurm, an Indexed Job): its task.
+    ("auto", "train", ("ps", "worker"), "ps_worker"),
+    ("auto", "train", ("worker",), "collective"),
+    ("collective", "train", ("worker",), "collective"),
     ("auto", "worker", ("ps", "worker"), "ps_worker"),
     ("auto", "ps", ("ps", "worker"), "ps_worker"),
     ("auto", "worker", ("chief", "worker"), "collective"),
@@ -30,6 +33,10 @@ def test_auto_lets_the_command_choose_from_the_cluster(backend, command, cluster
     ("horovod", "worker", ("ps", "worker"), "horovod runs as `towers train` ranks under "
                                             "horovodrun, not `towers worker`"),
     ("ps_worker", "worker", ("worker",), "ps_worker: a ps/worker job needs at least one ps"),
+    ("collective", "train", (), "; this `towers train` is not a task of a Slurm step of "
+                                "several tasks or of a Kubernetes Indexed Job"),
+    ("horovod", "train", ("worker",), "horovod runs as `towers train` ranks under horovodrun, "
+                                      "not as a task of a Slurm step"),
     ("collective", "local-cluster", ("ps", "worker"), "collective: a collective job has no ps"),
     ("mirrored", "train", (), "unknown value 'mirrored'; accepted: auto, collective, horovod,"),
 ])
