@@ -20,7 +20,7 @@ LAUNCH_LAYERS = [
     ("launch.errors", "launch.log", "launch.hard_exit"),
     ("launch.config",),
     ("launch.devices",),
-    ("launch.data", "launch.metrics", "launch.modelref"),
+    ("launch.data", "launch.metrics", "launch.modelref", "launch.kernels"),
     ("launch.runtime",),
     ("launch.distributed",),
     ("launch.bench",),
