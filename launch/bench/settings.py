@@ -21,7 +21,12 @@ from launch.errors import BadInput
 MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "collective", "horovod")
 IN_PROCESS_MODES = ("parameter_server", "replicated", "mirrored")
 SINGLE = "1 device"
-RUN_TIMEOUT_SECS = 900  # one whole multi-process run; bounded so a hung peer cannot stall us
+# How long a row may take to answer (its build and warm-up, a timed block, a whole
+# multi-process run) before it is reported as not answering; --timeout.
+RUN_TIMEOUT_SECS = 900
+# In-process rows building at once: each imports TensorFlow and builds its graph, and
+# many at once on a few cores (a loaded machine) made every row miss its deadline.
+BUILDS_AT_ONCE = 2
 
 # What a row is measured with unless an option says otherwise; --input measures 1 device.
 DEFAULTS = {"towers": (1, 2, 4), "steps": 20, "warmup": 10, "repeats": 5}
@@ -112,6 +117,7 @@ class Settings:
     each of the first rounds. data_options: --input: the job's input pipeline keys
     (num_parallel_calls, prefetch, threads, shuffle_buffer) every input row uses.
     profile: --profile: the directory for a profiler trace of each in-process row.
+    timeout: seconds a row may take to answer (RUN_TIMEOUT_SECS).
     """
 
     model: str
@@ -130,12 +136,14 @@ class Settings:
     model_path: str | None = None
     job_dir: str | None = None
     profile: str | None = None
+    timeout: float = RUN_TIMEOUT_SECS
 
 
 @dataclass
 class Row:
     """One line of the report. rates: examples/sec of each timed block, in order.
-    flops_per_example: of a training step, from the variant's 1-device graph."""
+    flops_per_example: of a training step, from the variant's 1-device graph.
+    kernel_ceiling: a 16-bit row's ceiling (launch.bench.ceiling), or None."""
 
     mode: str
     devices: int
@@ -146,6 +154,7 @@ class Row:
     flops_per_example: float | None = None
     skipped: str | None = None
     cpu_ms_per_example: float | None = None  # --input: the row's CPU time per example
+    kernel_ceiling: float | None = None
 
     @property
     def median(self) -> float | None:
@@ -190,6 +199,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULTS['repeats']})")
     parser.add_argument("--runs", type=int, metavar="N",
                         help="whole runs per ps_worker/horovod row (default: --repeats)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="how long a row may take to build, to time a block or to run "
+                        "whole before it is reported as not answering and the others go on "
+                        f"(default {RUN_TIMEOUT_SECS:g})")
     parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
     parser.add_argument(
         "--profile", nargs="?", const=PROFILE_DIR, metavar="DIR",
@@ -240,6 +253,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
         model_path=job.model.path,
         job_dir=job.model.job_dir,
         profile=args.profile,
+        timeout=args.timeout if args.timeout is not None else RUN_TIMEOUT_SECS,
     )
     check_settings(settings)
     check_installed(settings)
@@ -343,6 +357,8 @@ def check_settings(settings: Settings) -> None:
             raise BenchError(f"--{name} must be at least 1")
     if settings.warmup < 0:
         raise BenchError("--warmup must be at least 0")
+    if settings.timeout <= 0:
+        raise BenchError("--timeout must be a positive number of seconds")
     import towers  # the rule and its wording; TensorFlow is imported by now
 
     micro = max(v.accumulate for v in settings.variants)
