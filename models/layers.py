@@ -263,15 +263,17 @@ def lstm(inputs: tf.Tensor, hidden: int, scope: str = "lstm", initializer: Any =
         )
     # The input rows of the kernel do not depend on the recurrent state, so project
     # every time step in one large matmul instead of `time` small ones.
-    projected = tf.matmul(tf.reshape(inputs, [-1, dim]), kernel[:dim]) + bias
-    projected = tf.reshape(projected, [-1, time, 4 * hidden])
-    recurrent_kernel = kernel[dim:]
+    input_kernel, recurrent_kernel = tf.split(kernel, [dim, hidden])
+    projected = tf.matmul(tf.reshape(inputs, [-1, dim]), input_kernel) + bias
+    # One unstack, not a slice per step: each slice's gradient is a zero tensor of the
+    # whole sequence (time of them, summed), the unstack's one stack.
+    projected = tf.unstack(tf.reshape(projected, [-1, time, 4 * hidden]), axis=1)
 
     batch = tf.shape(inputs)[0]
     c = h = tf.zeros([batch, hidden], dtype=inputs.dtype)
     outputs = []
     for t in range(time):
-        gates = projected[:, t] + tf.matmul(h, recurrent_kernel)
+        gates = projected[t] + tf.matmul(h, recurrent_kernel)
         i, f, g, o = tf.split(gates, 4, axis=1)
         c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
         h = tf.sigmoid(o) * tf.tanh(c)

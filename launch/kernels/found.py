@@ -9,6 +9,7 @@ float32 and in a 16-bit type.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -49,6 +50,21 @@ class Kernel(NamedTuple):
         """A string naming the kernel exactly (the probe's cache is keyed by it)."""
         attrs = ",".join(f"{name}={value}" for name, value in self.attrs)
         return f"{self.op}{list(self.operands)}->{list(self.output)}[{attrs}]"
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of one run (a multiply and an add count two)."""
+        if self.op in PRODUCTS:
+            attrs = dict(self.attrs)
+            rows, inner = self.operands[0][-2:]
+            if attrs.get("transpose_a") or attrs.get("adj_x"):
+                inner = rows
+            return 2 * math.prod(self.output) * inner
+        # A convolution's three kernels do the forward's work: every output element
+        # (of the forward) sums kh * kw * c_in products.
+        image = self.output if self.op == "Conv2D" else self.operands[-1]
+        window = self.output if self.op == "Conv2DBackpropFilter" else self.operands[1]
+        return 2 * math.prod(image) * math.prod(window[:3])
 
 
 def kernels_of(ops: Iterable, batch: int | None = None) -> Counter:

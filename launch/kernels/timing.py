@@ -15,6 +15,7 @@ as its kernels do. It is the ceiling of a 16-bit step on this machine.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +24,12 @@ from launch.kernels.found import Kernel
 
 Timings = dict[str, dict[str, float]]
 """Seconds of one run: {kernel.key: {number type: seconds}}."""
+
+# A small kernel runs several times in a row per timed session run, so the run's own
+# cost (a tenth of a millisecond) does not count as the kernel's: about this many
+# FLOPs a run, at most MAX_REPEATS copies.
+RUN_FLOPS = 2e8
+MAX_REPEATS = 64
 
 
 class KernelTimer:
@@ -38,7 +45,8 @@ class KernelTimer:
             graph = tf.Graph()
             with graph.as_default():
                 dtype = tf.as_dtype(number_type)
-                targets = [build_alone(kernel, dtype) for kernel in self.kernels]
+                targets = [build_alone(kernel, dtype, repeats(kernel))
+                           for kernel in self.kernels]
                 init = tf.compat.v1.global_variables_initializer()
                 graph.finalize()
             session = tf.compat.v1.Session(graph=graph)
@@ -57,7 +65,7 @@ class KernelTimer:
         def timed(session, target) -> float:
             start = time.perf_counter()
             session.run(target)
-            return time.perf_counter() - start
+            return (time.perf_counter() - start) / len(target)
 
         return self._each(timed, deadline, record=True)
 
@@ -104,13 +112,31 @@ def float32_seconds(counts: Mapping[Kernel, int], timings: Timings) -> float:
                for kernel, count in counts.items())
 
 
-def build_alone(kernel: Kernel, dtype):
-    """The kernel on random variables of `dtype`; returns the op to run."""
+def repeats(kernel: Kernel) -> int:
+    """How many times in a row one timed run runs `kernel`."""
+    return max(1, min(MAX_REPEATS, math.ceil(RUN_FLOPS / kernel.flops)))
+
+
+def build_alone(kernel: Kernel, dtype, times: int = 1) -> list:
+    """The kernel on random variables of `dtype`, `times` copies one after the other;
+    returns them (run them as a session's targets: an op nothing reads, grouped, is
+    pruned away)."""
+    import tensorflow as tf
+
+    operands = [tf.compat.v1.Variable(tf.cast(tf.random.uniform(shape, -1.0, 1.0), dtype))
+                for shape in kernel.operands]
+    values = [v.read_value() for v in operands]
+    made = []
+    for _ in range(times):
+        with tf.control_dependencies(made[-1:]):
+            made.append(_op(kernel, values))
+    return made
+
+
+def _op(kernel: Kernel, operands: list):
     import tensorflow as tf
 
     raw = tf.raw_ops
-    operands = [tf.compat.v1.Variable(tf.cast(tf.random.uniform(shape, -1.0, 1.0), dtype))
-                for shape in kernel.operands]
     attrs = {name: list(value) if isinstance(value, tuple) else value
              for name, value in kernel.attrs}
     sizes = tf.constant(kernel.output, tf.int32)

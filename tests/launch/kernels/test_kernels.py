@@ -12,7 +12,7 @@ import models
 import towers
 from launch import kernels
 from launch.kernels import FORWARD, GRADIENT, Kernel, Probe
-from launch.kernels.timing import build_alone
+from launch.kernels.timing import MAX_REPEATS, build_alone, repeats
 
 v1 = tf.compat.v1
 
@@ -71,8 +71,19 @@ def test_each_kernel_rebuilt_alone_makes_what_the_step_made():
     for dtype in (tf.float32, tf.bfloat16):
         with tf.Graph().as_default():
             for kernel in found:
-                made = build_alone(kernel, dtype).outputs[0]
+                made = build_alone(kernel, dtype)[0].outputs[0]
                 assert (tuple(made.shape), made.dtype) == (kernel.output, dtype), kernel
+
+
+def test_a_small_kernel_runs_several_times_a_run_so_the_run_costs_it_nothing():
+    small = Kernel("MatMul", ((8, 16), (16, 4)), (8, 4), (), FORWARD)
+    large = Kernel("MatMul", ((512, 2048), (2048, 2048)), (512, 2048), (), FORWARD)
+    assert (small.flops, large.flops) == (2 * 8 * 16 * 4, 2 * 512 * 2048 * 2048)
+    assert repeats(small) == MAX_REPEATS and repeats(large) == 1
+    with tf.Graph().as_default():
+        chain = build_alone(small, tf.float32, 3)
+    # One after the other: each waits for the one before.
+    assert [list(op.control_inputs) for op in chain] == [[], chain[:1], chain[1:2]]
 
 
 def test_the_timer_times_every_kernel_in_every_type():
