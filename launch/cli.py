@@ -113,7 +113,7 @@ def _train_parser(commands) -> None:
         "--backend",
         choices=["horovod"],
         help="horovod: run as one rank of a horovodrun job "
-        "(the same as --set towers.variable_update=horovod)",
+        "(the same as --set cluster.backend=horovod)",
     )
 
 
@@ -190,7 +190,40 @@ def _data_parser(commands) -> None:
 def _load(args):
     from launch.config import load_job
 
-    return load_job(args.config, args.overrides, check_model=_check_model)
+    return load_job(args.config, args.overrides, arrangement=lambda job: _arrangement(args, job),
+                    check_model=_check_model)
+
+
+# The commands that run a job's processes under an arrangement (launch.config.arrangements);
+# the others (eval, export, ...) take the job as its cluster.backend names it.
+_ARRANGED = ("train", "ps", "worker", "local-cluster", "validate")
+
+
+def _arrangement(args, job) -> str:
+    """The arrangement this command runs the job under: cluster.backend's, or for auto the
+    command's choice from the cluster (a ps/worker task's from the one it resolves,
+    local-cluster's from --ps, validate's from the job file's cluster section). The job
+    is checked against it as it loads."""
+    from launch.config import choose
+
+    if args.command not in _ARRANGED:
+        return job.cluster.backend
+    if args.command in ("ps", "worker"):
+        cluster = _task(args, job).cluster
+    elif args.command == "local-cluster":
+        cluster = ("ps", "worker") if args.ps else ("worker",)
+    else:
+        cluster = tuple(name for name in ("ps", "worker", "chief") if getattr(job.cluster, name))
+    return choose(job.cluster.backend, None if args.command == "validate" else args.command,
+                  cluster)
+
+
+def _task(args, job):
+    """This ps or worker task's place in the cluster (launch.distributed.cluster)."""
+    from launch.distributed import cluster
+
+    flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
+    return cluster.resolve(job.cluster, flags, args.command)
 
 
 def _check_model(model) -> None:
@@ -221,19 +254,6 @@ def _serving(job, job_name: str):
     return metrics.serve(job.metrics, metrics.Identity(job_name, 0, job.run.name), log)
 
 
-def _train(args, job) -> int:
-    if job.towers.variable_update == "horovod":
-        from launch.distributed import horovod
-
-        _print_json(horovod.train(job))
-        return EXIT_OK
-    from launch.runtime.train import train
-
-    with _serving(job, "train") as exporter:
-        _print_json(train(job, exporter=exporter))
-    return EXIT_OK
-
-
 def _eval(args, job) -> int:
     from launch.runtime.evaluate import evaluate
 
@@ -255,13 +275,13 @@ def _evaluator(args, job) -> int:
     return EXIT_OK
 
 
-def _cluster_task(args, job) -> int:
-    from launch.distributed import cluster_spec, ps, worker
+def _run_arranged(args, job) -> int:
+    """This process's part of the job, as its arrangement runs it: one process or one
+    Horovod rank (`train`), a ps or worker task (`ps`, `worker`)."""
+    from launch.distributed.arrangements import arrangement
 
-    flags = cluster_spec.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
-    task = cluster_spec.resolve(job.cluster, flags, args.command)
-    run = ps.run_ps if args.command == "ps" else worker.run_worker
-    _print_json(run(job, task))
+    task = _task(args, job) if args.command in ("ps", "worker") else None
+    _print_json(arrangement(_arrangement(args, job)).run(job, task))
     return EXIT_OK
 
 
@@ -270,7 +290,7 @@ def _validate(args, job) -> int:
     resolved job as YAML after comment lines saying what the model resolved to."""
     from launch import modelref
     from launch.config import derived_comments, dump_yaml
-    from launch.runtime.train import check_startup
+    from launch.runtime.preflight import check_startup
 
     plan = check_startup(job)
     model = modelref.resolve(job.model)  # as the job names it: its own spec, if it declares one
@@ -304,11 +324,11 @@ def _local_cluster(args, job) -> int:
 
 # Each command's handler: (parsed args, the loaded job) -> exit status.
 HANDLERS = {
-    "train": _train,
+    "train": _run_arranged,
     "eval": _eval,
     "devices": _devices,
-    "ps": _cluster_task,
-    "worker": _cluster_task,
+    "ps": _run_arranged,
+    "worker": _run_arranged,
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
     "bench": bench.run,
@@ -321,7 +341,7 @@ HANDLERS = {
 
 def _run(args) -> int:
     if getattr(args, "backend", None) == "horovod":
-        args.overrides.append("towers.variable_update=horovod")
+        args.overrides.append("cluster.backend=horovod")
     # A job file's mistakes are found before TensorFlow is imported (seconds of a
     # process's start-up), so they are reported at once.
     job = _load(args)

@@ -5,9 +5,9 @@ import subprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import net_hosts  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from helpers import net_hosts  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 
@@ -27,6 +27,16 @@ def graph():
     g = tf.Graph()
     with g.as_default():
         yield g
+
+
+@pytest.fixture
+def keras_graph():
+    """A fresh graph with Keras' layer names restarted (clear_session must come first)."""
+    import keras
+
+    keras.utils.clear_session()
+    with tf.Graph().as_default() as graph:
+        yield graph
 
 
 @pytest.fixture(autouse=True)

@@ -28,17 +28,19 @@ def build_input_case(spec: dict) -> BuiltCase:
     (``spec['data']``), or with ``spec['pipeline_only']`` the input alone on one thread."""
     import tensorflow as tf
 
-    from launch.runtime.plan import input_tensors, make_plan
-    from launch.runtime.train import build_training_graph
+    from launch.runtime.inputs import input_tensors
+    from launch.runtime.plan import make_plan
+    from launch.runtime.training_graph import build_training_graph
 
-    plan = make_plan(_job(spec, spec["pipeline_only"]))
+    job = _job(spec, spec["pipeline_only"])
+    plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
         if spec["pipeline_only"]:
-            fetch = input_tensors(plan, training=True, batch_size=plan.batch_size)
+            fetch = input_tensors(plan, training=True, batch_size=plan.process_batch_size)
             init = tf.no_op()
         else:
-            ops, _, _ = build_training_graph(plan)
+            ops, _, _ = build_training_graph(job, plan)
             fetch = ops.train_op
             init = tf.group(tf.compat.v1.global_variables_initializer(),
                             tf.compat.v1.local_variables_initializer())

@@ -73,16 +73,16 @@ def build_case(job, name: str, exporter) -> Case:
     from launch import metrics
     from launch.runtime.hooks import ProgressHook
     from launch.runtime.plan import make_plan
-    from launch.runtime.train import build_training_graph
+    from launch.runtime.training_graph import build_training_graph
 
     plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(plan)
+        ops, scaffold, rate = build_training_graph(job, plan)
         served = metrics.training_hooks(
-            exporter, ops, rate, len(plan.devices), plan.batch_size, job.session)
+            exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session)
         progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
-                                plan.batch_size, 10**9, 10**9, None, lambda line: None,
+                                plan.process_batch_size, 10**9, 10**9, None, lambda line: None,
                                 on_step=served.on_step)
         hooks = [*served.hooks, progress]
         session = tf.compat.v1.train.MonitoredTrainingSession(

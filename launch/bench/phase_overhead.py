@@ -93,16 +93,16 @@ def build_case(job, name: str, phases_on: bool) -> tuple[Case, TimedHook | None]
     from launch.runtime.hooks import ProgressHook
     from launch.runtime.plan import make_plan
     from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
-    from launch.runtime.train import build_training_graph
+    from launch.runtime.training_graph import build_training_graph
 
     plan = make_plan(job)
     graph = tf.Graph()
     timed = None
     with graph.as_default():
-        ops, scaffold, _ = build_training_graph(plan)
+        ops, scaffold, _ = build_training_graph(job, plan)
         phases = StepPhases()
         progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
-                                plan.batch_size, 10**9, 10**9, None, lambda line: None,
+                                plan.process_batch_size, 10**9, 10**9, None, lambda line: None,
                                 phases=lambda: shares_text(phases.take_window()))
         hooks = [progress]
         if phases_on:

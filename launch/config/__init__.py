@@ -11,10 +11,13 @@ Modules, lowest first:
 * ``model_section``: ``model`` (a name, a code path and the model's parameters).
 * ``data_options``: the data section's nested keys, ``data.schema`` (a TFRecord's
   feature layout, or a preset of one) and ``data.image`` (decoding, augmentation).
+* ``sources``: the data keys each ``data.source`` uses (``SOURCE_KEYS``, a line each).
 * ``training``: the sections of how a job trains (``towers``, ``optimizer``, ``train``,
   ``eval``) and their vocabularies (``OPTIMIZERS``, ``PRECISIONS`` ...).
 * ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
   ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check.
+* ``arrangements``: what each ``cluster.backend`` (in_process, ps_worker, collective,
+  horovod) refuses, and which one a command runs a job under (``choose``).
 * ``loading``: YAML (duplicate and merge keys), ``--set`` overrides, ``ConfigError`` and
   which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict`` and
   ``dump_yaml``.
@@ -22,6 +25,7 @@ Modules, lowest first:
 The names below are the package's interface; import them from ``launch.config``.
 """
 
+from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose
 from launch.config.data_options import (
     FEATURE_KINDS,
     PIXEL_KINDS,
@@ -30,7 +34,6 @@ from launch.config.data_options import (
     RecordSchemaConfig,
 )
 from launch.config.job import (
-    DATA_SOURCES,
     ClusterConfig,
     DataConfig,
     JobConfig,
@@ -47,6 +50,7 @@ from launch.config.loading import (
     to_dict,
 )
 from launch.config.model_section import ModelConfig
+from launch.config.sources import SOURCE_KEYS, SourceKeys
 from launch.config.training import (
     EvalConfig,
     LossScaleConfig,
@@ -58,10 +62,12 @@ from launch.config.training import (
 )
 
 __all__ = [
-    "DATA_SOURCES",
+    "ARRANGEMENTS",
+    "BACKENDS",
     "FEATURE_KINDS",
     "PIXEL_KINDS",
     "SCHEMA_PRESETS",
+    "SOURCE_KEYS",
     "ClusterConfig",
     "ConfigError",
     "DataConfig",
@@ -76,9 +82,11 @@ __all__ = [
     "RunConfig",
     "ScheduleConfig",
     "SessionConfig",
+    "SourceKeys",
     "TowersConfig",
     "TrainConfig",
     "WarmStartConfig",
+    "choose",
     "derived_comments",
     "dump_yaml",
     "from_dict",

@@ -54,15 +54,13 @@ from launch.config.data_options import (
     record_schema,
 )
 from launch.config.model_section import ModelConfig, model_section
+from launch.config.sources import SOURCE_KEYS, check_source_keys
 from launch.config.training import (
     EvalConfig,
     OptimizerConfig,
     TowersConfig,
     TrainConfig,
 )
-
-DATA_SOURCES = ("synthetic", "builtin", "npz", "csv", "tfrecord")
-FILE_SOURCES = ("npz", "csv", "tfrecord")
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class DataConfig:
     N times).
     """
 
-    source: str = _field("builtin", choice(*DATA_SOURCES))
+    source: str = _field("builtin", choice(*SOURCE_KEYS))
     path: tuple[str, ...] | None = _field(None, optional(tuple_of(
         string, allow_single=True, non_empty=True)))
     eval_path: tuple[str, ...] | None = _field(None, optional(tuple_of(
@@ -120,35 +118,10 @@ class DataConfig:
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
-        source = values["source"]
-        if source in FILE_SOURCES and values["path"] is None:
-            raise Invalid(f"required when data.source is {source!r}", "path", ["source"])
-        if source not in FILE_SOURCES:
-            for key in ("path", "eval_path"):
-                if values[key] is not None:
-                    raise Invalid(
-                        f"only used when data.source is one of {', '.join(FILE_SOURCES)}, but it "
-                        f"is {source!r} (set data.source or remove {key})", key, ["source"],
-                    )
-        if values["schema"] is not None and source != "tfrecord":
-            raise Invalid(f"only used when data.source is 'tfrecord', but it is {source!r}",
-                          "schema", ["source"])
-        _check_columns(values, source)
-
-
-def _check_columns(values: dict[str, Any], source: str) -> None:
-    """data.feature_columns and data.num_classes: where they apply, and the label apart."""
-    if values["feature_columns"] is not None and source != "csv":
-        raise Invalid(f"only used when data.source is 'csv', but it is {source!r}",
-                      "feature_columns", ["source"])
-    if values["num_classes"] is not None and source not in ("npz", "csv"):
-        hint = " (a TFRecord source states it in data.schema.num_classes)" if (
-            source == "tfrecord") else ""
-        raise Invalid(f"only used when data.source is 'npz' or 'csv', but it is "
-                      f"{source!r}{hint}", "num_classes", ["source"])
-    if values["label_column"] in (values["feature_columns"] or ()):
-        raise Invalid(f"names the label column {values['label_column']!r}: the label is not "
-                      "a feature", "feature_columns", ["label_column"])
+        check_source_keys(values)
+        if values["label_column"] in (values["feature_columns"] or ()):
+            raise Invalid(f"names the label column {values['label_column']!r}: the label is "
+                          "not a feature", "feature_columns", ["label_column"])
 
 
 @dataclass(frozen=True)
@@ -190,8 +163,14 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """cluster: ps/worker addresses for distributed jobs; all empty means in-process.
+    """cluster: how the job's processes are set out, and the addresses of its tasks.
 
+    backend: the arrangement (launch.config.arrangements): in_process, ps_worker,
+    collective or horovod; auto lets the command choose (`towers train`: one process;
+    `towers ps`/`worker`: a ps/worker job when the cluster has ps tasks, else a
+    collective one). Checked by the loader, which knows the arrangements.
+    ps / worker / chief / evaluator: the tasks' host:port addresses; all empty means
+    in-process, or a cluster given by flags or TF_CONFIG instead.
     chief: optional, at most one (as Kubeflow's TFJob writes it); without it worker 0
     is chief. evaluator: at most one; it runs no server. Timeouts bound every wait:
     startup for peers to come up, operation for a step (a dead peer becomes an
@@ -200,6 +179,7 @@ class ClusterConfig:
     to come back before the task gives up with exit status 138.
     """
 
+    backend: str = _field("auto", string)
     ps: tuple[str, ...] = _field((), unique(tuple_of(host_port)))
     worker: tuple[str, ...] = _field((), unique(tuple_of(host_port)))
     chief: tuple[str, ...] = _field((), tuple_of(host_port))
@@ -241,12 +221,6 @@ class JobConfig:
 
     @staticmethod
     def cross_check(values: dict[str, Any], raw: Mapping[str, Any]) -> None:
-        if values["data"].epochs is not None and values["towers"].variable_update == "horovod":
-            raise Invalid(
-                "not available with horovod: ranks whose data ran out at different steps would "
-                "wait for each other for ever; leave it unset and use train.steps",
-                "data.epochs", ["towers.variable_update"],
-            )
         train = values["train"]
         if train.sync and values["towers"].precision == "mixed_float16":
             raise Invalid(

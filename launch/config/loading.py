@@ -24,10 +24,12 @@ from typing import Any
 
 import yaml
 
+from launch.config.arrangements import check_arrangement, respelled
 from launch.config.checks import Invalid, build, describe, join
 from launch.config.job import JobConfig
 from launch.config.model_section import ModelConfig
 from launch.errors import BadInput
+from launch.log import log
 
 __all__ = ["ConfigError", "derived_comments", "dump_yaml", "from_dict", "load_job", "to_dict"]
 
@@ -249,10 +251,13 @@ def _make_job(
     overridden: Sequence[str],
     check_model: Callable[[ModelConfig], None] | None,
     job_dir: str | None = None,
+    arrangement: Callable[[JobConfig], str] | None = None,
 ) -> JobConfig:
     _check_top_level(raw, source)
     try:
+        raw, overridden = _respell(raw, source, overridden)
         job = build(JobConfig, raw)
+        check_arrangement(job, arrangement(job) if arrangement else job.cluster.backend)
     except Invalid as e:
         raise ConfigError(_source_of(e, source, overridden), e.key, e.message) from None
     if job_dir is not None:
@@ -267,6 +272,18 @@ def _make_job(
         except (ValueError, LookupError) as e:
             _raise_model_error(e, job, source, overridden)
     return job
+
+
+def _respell(raw: Any, source: str, overridden: Sequence[str]) -> tuple[Any, Sequence[str]]:
+    """The job with an old spelling read as its new one (launch.config.arrangements), said
+    once in a note; a key the old spelling set by --set counts as set by --set."""
+    raw, note = respelled(raw or {})
+    if note is None:
+        return raw, overridden
+    log(f"note: {note}")
+    if _source_of(Invalid("", "towers.variable_update"), source, overridden) == OVERRIDE_SOURCE:
+        overridden = [*overridden, "cluster.backend"]
+    return raw, overridden
 
 
 def _raise_model_error(error: Exception, job: JobConfig, source: str,
@@ -299,6 +316,7 @@ def load_job(
     path: str | None,
     overrides: Sequence[str] = (),
     *,
+    arrangement: Callable[[JobConfig], str] | None = None,
     check_model: Callable[[ModelConfig], None] | None = None,
 ) -> JobConfig:
     """Read, override and validate a job file; ``path=None`` starts from the built-in job.
@@ -306,7 +324,13 @@ def load_job(
     overrides: ``"a.b=c"`` strings applied in order; each value is YAML (``100``,
         ``null``, ``[/cpu:0,/cpu:1]``) and missing mappings on the way are created.
     The job's ``model.job_dir`` is the file's directory (absolute), where the model's
-    code is also looked for.
+    code is also looked for. ``towers.variable_update: horovod`` is read as
+    ``cluster.backend: horovod``, with a note saying so.
+    arrangement: the name of the arrangement the job runs under, from the checked job
+        (launch.config.arrangements.choose: for cluster.backend auto, the command's
+        choice from the cluster); the job is checked against it (what it refuses is a
+        ConfigError like any other) before check_model. None: the arrangement
+        cluster.backend names, if it names one.
     check_model: called once, last, as ``check_model(job.model)``; a ValueError or
         LookupError (KeyError: unknown model) it raises becomes a ConfigError keyed
         ``model.<param>`` when the message names exactly one given parameter (or the
@@ -323,18 +347,19 @@ def load_job(
     _check_top_level(raw, source)
     overridden = [_apply_override(raw, o) for o in overrides]
     job_dir = None if path is None else os.path.dirname(os.path.abspath(str(path)))
-    return _make_job(raw, source, overridden, check_model, job_dir)
+    return _make_job(raw, source, overridden, check_model, job_dir, arrangement)
 
 
 def from_dict(
     data: Mapping[str, Any],
     *,
     source: str = "<dict>",
+    arrangement: Callable[[JobConfig], str] | None = None,
     check_model: Callable[[ModelConfig], None] | None = None,
 ) -> JobConfig:
     """Validate an already-parsed job (e.g. ``to_dict`` output) as load_job would a file."""
     raw = _thaw(data) if isinstance(data, Mapping) else data
-    return _make_job(raw, source, (), check_model)
+    return _make_job(raw, source, (), check_model, arrangement=arrangement)
 
 
 def to_dict(job: JobConfig) -> dict[str, Any]:

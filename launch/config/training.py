@@ -32,10 +32,12 @@ from launch.config.checks import checked_field as _field  # short: every field b
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "rmsprop")
 SCHEDULES = ("constant", "piecewise", "exponential", "cosine")
-# towers.VARIABLE_UPDATES plus "horovod", not derived from it: importing towers imports
-# TensorFlow, making this module ~20x slower to import, and `towers validate` would then
-# print TensorFlow's start-up notices (cli imports it quietly, later). A test keeps them in step.
-VARIABLE_UPDATES = ("parameter_server", "replicated", "horovod")
+# towers.VARIABLE_UPDATES, how the towers inside one process share gradients, not derived
+# from it: importing towers imports TensorFlow, making this module ~20x slower to import,
+# and `towers validate` would then print TensorFlow's start-up notices (cli imports it
+# quietly, later). A test keeps them in step. (How processes are arranged, Horovod ranks
+# among them, is cluster.backend: launch.config.arrangements.)
+VARIABLE_UPDATES = ("parameter_server", "replicated")
 # towers.PRECISIONS and towers.GRADIENT_DTYPES, spelled out for the same reason.
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 GRADIENT_DTYPES = ("float32", "bfloat16", "float16")

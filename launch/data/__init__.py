@@ -1,25 +1,28 @@
-"""Input data: tf.data pipelines for every source, TFRecord schemas, images, converters.
+"""Input data: a source object per data format, tf.data pipelines, TFRecord schemas,
+images, converters.
 
-    pipeline    make_dataset / check_source / input_tensors for each data.source
+    sources     one module per data.source (synthetic, builtin, npz, csv, tfrecord): what
+                each gives, checks and reads (``Source``); ``source_of(job.data)``
+    pipeline    make_dataset / check_source / load_arrays by source name and options;
+                input_tensors, a dataset's batch as tensors
     stream      the stages pipelines share: sharding, interleave, batching, per-record
-    schema      TFRecord feature schemas (data.schema) and records checked against them
-    tfrecord    TFRecord datasets by schema, and their up-front checks
+    record_schema  TFRecord feature schemas (data.schema) and records checked against them
     images      decode, augmentation, centre crop, normalisation (data.image)
     infer       the input spec the data implies; a model's and the data's checked together
-    formats     paths and globs; npz files
+    formats     paths and globs
     csv_table   CSV files, read and checked whole, row by row
     skips       bad records: named and counted when skipped, one clear error otherwise
-    builtin     the generated, learnable data set of `data.source: builtin`
     errors      DataError, the one error of every source
     converters  `towers data convert`: the formats people have, to sharded TFRecords
 """
 
-from launch.data.builtin import builtin_arrays
 from launch.data.errors import DataError
 from launch.data.formats import describe, resolve_files
-from launch.data.infer import DataSpec, check_agreement, data_spec, resolve_input_spec
-from launch.data.pipeline import SOURCES, check_source, input_tensors, load_arrays, make_dataset
+from launch.data.infer import check_agreement, data_spec, resolve_input_spec
+from launch.data.pipeline import check_source, input_tensors, load_arrays, make_dataset
 from launch.data.skips import SkippedRecords, input_errors, ordinal
+from launch.data.sources import SOURCES, DataSpec, Source, source_of
+from launch.data.sources.builtin import builtin_arrays
 from launch.data.stream import files_of_shard
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "DataError",
     "DataSpec",
     "SkippedRecords",
+    "Source",
     "builtin_arrays",
     "check_agreement",
     "check_source",
@@ -40,4 +44,5 @@ __all__ = [
     "ordinal",
     "resolve_files",
     "resolve_input_spec",
+    "source_of",
 ]

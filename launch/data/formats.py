@@ -1,24 +1,14 @@
-"""Files: paths and globs resolved, and npz files.
-
-An npz is checked up front against the input spec (its arrays' headers, its labels)
-and loaded whole into arrays; errors are DataErrors naming the file. CSV files are
-in ``launch.data.csv_table``, TFRecord files in ``launch.data.tfrecord``.
-"""
+"""Files: the paths and globs of a source resolved, and named in messages. Each format's
+files are read by its source (``launch.data.sources``)."""
 
 from __future__ import annotations
 
-import math
 import os
-import zipfile
 from collections.abc import Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from launch.data.errors import DataError
-from models import InputSpec
-
-NPZ_KEYS = (("features", "labels"), ("x", "y"))
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -78,103 +68,3 @@ def describe(path: PathArg, files: list[str]) -> str:
 def read_error(name: str, err: Exception) -> DataError:
     detail = err.message if isinstance(err, tf.errors.OpError) else str(err)
     return DataError(f"{name}: cannot read: {detail}")
-
-
-# ---------------------------------------------------------------------------- npz
-
-
-def _npz_headers(name: str) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """The shape and dtype of every array in an npz, read from the .npy headers only."""
-    headers = {}
-    try:
-        with tf.io.gfile.GFile(name, "rb") as raw:
-            if raw.read(4) != b"PK\x03\x04":  # zip local file header; npz has members
-                raise DataError(f"{name}: not an npz file (not a zip archive)")
-            raw.seek(0)
-            archive = zipfile.ZipFile(raw)
-            for member in archive.namelist():
-                if member.endswith(".npy"):
-                    with archive.open(member) as npy:
-                        version = np.lib.format.read_magic(npy)
-                        read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                else np.lib.format.read_array_header_2_0)
-                        shape, _, dtype = read(npy)
-                    headers[member[:-4]] = (shape, dtype)
-    except DataError:
-        raise
-    except (OSError, ValueError, zipfile.BadZipFile, tf.errors.OpError) as err:
-        raise read_error(name, err) from None
-    return headers
-
-
-def _npz_keys(name: str, available: Sequence[str]) -> tuple[str, str]:
-    for keys in NPZ_KEYS:
-        if all(key in available for key in keys):
-            return keys
-    raise DataError(f"{name}: npz needs arrays 'features' and 'labels' (or 'x' and 'y'), "
-                    f"has {sorted(available)}")
-
-
-def _check_array(name: str, what: str, shape: tuple[int, ...], dtype: np.dtype,
-                 want_shape: tuple[int, ...], want: tf.DType) -> None:
-    """An array [N, ...] must hold prod(want_shape) values an example of dtype kind ``want``."""
-    if len(shape) < 1 or math.prod(shape[1:]) != math.prod(want_shape):
-        raise DataError(f"{name}: {what} have shape {tuple(shape)}, expected "
-                        f"[N, {', '.join(map(str, want_shape))}] (the spec's {what} shape)")
-    kinds = "iu" if want.is_integer else "f"
-    if dtype.kind not in kinds:
-        raise DataError(f"{name}: {what} have dtype {dtype}, the spec wants {want.name}"
-                        " (convert, and scale images, before training)")
-
-
-def _check_npz_meta(name: str, headers: dict, spec: InputSpec) -> tuple[str, str]:
-    feature_key, label_key = _npz_keys(name, list(headers))
-    (f_shape, f_dtype), (l_shape, l_dtype) = headers[feature_key], headers[label_key]
-    if not f_shape or not l_shape or f_shape[0] == 0 or l_shape[0] == 0:
-        raise DataError(f"{name}: no examples: {feature_key!r} has shape {tuple(f_shape)}, "
-                        f"{label_key!r} {tuple(l_shape)}")
-    _check_array(name, "features", f_shape, f_dtype, spec.feature_shape, spec.feature_dtype)
-    _check_array(name, "labels", l_shape, l_dtype, spec.label_shape, tf.int64)
-    if f_shape[0] != l_shape[0]:
-        raise DataError(f"{name}: {f_shape[0]} feature rows but {l_shape[0]} label rows")
-    return feature_key, label_key
-
-
-def _load_npz_array(name: str, key: str) -> np.ndarray:
-    try:
-        with tf.io.gfile.GFile(name, "rb") as raw, np.load(raw, allow_pickle=False) as npz:
-            return npz[key]
-    except (OSError, ValueError, zipfile.BadZipFile, tf.errors.OpError) as err:
-        raise read_error(name, err) from None
-
-
-def npz_arrays(name: str) -> tuple[tuple[tuple[int, ...], np.dtype], np.ndarray]:
-    """The features' (shape, dtype) from its header, and the labels array, of an npz."""
-    headers = _npz_headers(name)
-    feature_key, label_key = _npz_keys(name, list(headers))
-    return headers[feature_key], _load_npz_array(name, label_key)
-
-
-def check_npz(name: str, spec: InputSpec) -> None:
-    _, label_key = _check_npz_meta(name, _npz_headers(name), spec)
-    check_label_values(name, _load_npz_array(name, label_key), spec)
-
-
-def load_npz(name: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
-    """features [N, *feature_shape], labels [N, *label_shape] from a checked npz."""
-    feature_key, label_key = _check_npz_meta(name, _npz_headers(name), spec)
-    features, labels = _load_npz_array(name, feature_key), _load_npz_array(name, label_key)
-    check_label_values(name, labels, spec)
-    return (features.reshape(-1, *spec.feature_shape),
-            labels.reshape(-1, *spec.label_shape))
-
-
-def check_label_values(name: str, labels: np.ndarray, spec: InputSpec) -> None:
-    """labels [N, ...]: DataError naming the first example (0-based) with a label
-    outside [0, num_classes)."""
-    outside = np.argwhere((labels < 0) | (labels >= spec.num_classes))
-    if len(outside):
-        value = labels[tuple(outside[0])]
-        raise DataError(f"{name}: example {outside[0][0]} (counted from 0) has label {value}, "
-                        f"outside [0, {spec.num_classes}); the labels span "
-                        f"[{labels.min()}, {labels.max()}]")

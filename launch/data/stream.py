@@ -2,7 +2,9 @@
 shuffle/repeat/batch, and the two ways a batch gets parsed.
 
 * ``batched``: records -> batch -> parse the whole batch in one parallel ``map``. Parsing
-  stays vectorised (one ``parse_example`` or gather per batch); the fast path.
+  stays vectorised (one ``parse_example`` or gather per batch); the fast path. Sources
+  held in memory (builtin, npz, csv) batch their examples' indices so
+  (``array_dataset``).
 * ``per_record``: records -> numbered -> parse each in a parallel ``map`` -> batch ->
   finish the batch. For what must be parsed one at a time (images of varying sizes),
   and for ``data.on_bad_record: skip``: a record that fails is dropped on its own
@@ -23,6 +25,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import tensorflow as tf
 
 from launch.data.errors import DataError
@@ -226,3 +229,28 @@ def checked_labels(labels: tf.Tensor, spec: InputSpec, where: str) -> tf.Tensor:
     ]
     with tf.control_dependencies(checks):
         return tf.identity(labels)
+
+
+def array_dataset(features: np.ndarray, labels: np.ndarray, spec: InputSpec,
+                  p: Pipeline) -> tf.data.Dataset:
+    """In-memory arrays features [N, *feature_shape], labels [N, *label_shape] -> batches.
+
+    The arrays stay in Python and a ``numpy_function`` gathers each batch of shuffled
+    indices: ``from_tensor_slices`` would embed them in the GraphDef as constants (2 GB
+    limit, and copies in every meta graph and TensorBoard graph). Indices cost 8 bytes
+    an example, so training shuffles the whole epoch whatever ``shuffle_buffer`` is,
+    unless it is 0 (no shuffling: records in order, as every source gives them then).
+    """
+    features = np.ascontiguousarray(features, dtype=spec.feature_dtype.as_numpy_dtype)
+    labels = np.ascontiguousarray(labels, dtype=spec.label_dtype.as_numpy_dtype)
+
+    def gather(index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return features[index], labels[index]
+
+    def parse(_: tf.Tensor, index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = tf.numpy_function(gather, [index], [spec.feature_dtype, spec.label_dtype],
+                                 stateful=False, name="gather_examples")
+        return finish_batch(x, y, spec, index.shape[0])
+
+    buffer = len(features) if p.shuffle_buffer else 0
+    return batched(tf.data.Dataset.range(len(features)), p, buffer, parse)

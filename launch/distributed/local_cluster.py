@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from launch.config import JobConfig
-from launch.distributed.cluster_spec import ClusterError
+from launch.distributed.cluster import ClusterError
 from launch.log import log
 from launch.runtime.signals import StopSignals
 from launch.runtime.timeline import merge, timeline_path

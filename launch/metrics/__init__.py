@@ -34,7 +34,7 @@ The series:
                     towers_towers
     GPU hosts       towers_gpu_memory_bytes, towers_gpu_memory_peak_bytes,
                     towers_gpu_utilization_ratio (each per ``device``)
-    ps tasks        towers_ps_variable_bytes (launch.distributed.roles)
+    ps tasks        towers_ps_variable_bytes (launch.distributed.arrangements.ps_worker.ps)
 
 The modules:
 

@@ -19,19 +19,16 @@ import tensorflow as tf
 
 import towers
 from launch import data, metrics
-from launch.config import JobConfig
+from launch.config import JobConfig, SessionConfig
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
-from launch.runtime.plan import Plan, check_eval_data, data_where, input_tensors, make_plan
+from launch.runtime.inputs import input_tensors
+from launch.runtime.plan import Plan, make_plan
+from launch.runtime.preflight import check_data
 from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
-# Generated sources: synthetic repeats one batch without end, builtin makes as many
-# held-out examples as data.num_examples asks (20,000 by default, more than a periodic
-# evaluation needs). Each evaluation takes eval.steps batches, this many when it is null.
-GENERATED_SOURCES = ("synthetic", "builtin")
-GENERATED_SOURCE_BATCHES = 20
 # A stopped evaluator waits at most this long for a trainer still writing the checkpoint
 # directory (the chief of a job stopped with it) to save its final checkpoint, then
 # scores that one: a job's last checkpoint is the one most worth a score.
@@ -54,43 +51,30 @@ class _Extent:
     note: str | None = None
 
 
-def _extent(job: JobConfig) -> _Extent:
+def _extent(job: JobConfig, plan: Plan) -> _Extent:
     """eval.steps batches (None: to the data's end); a generated source, which has no
-    end, eval.steps or GENERATED_SOURCE_BATCHES."""
-    steps, source = job.eval.steps, job.data.source
-    if source not in GENERATED_SOURCES:
-        return _Extent(steps)
-    batches = steps or GENERATED_SOURCE_BATCHES
-    why = "eval.steps" if steps else f"eval.steps is null: {batches} for a generated source"
-    batch = job.eval.batch_size
-    if source == "synthetic":
-        return _Extent(batches, f"data.source synthetic repeats one generated batch, with no "
-                                f"end: an evaluation scores {batches} batches of {batch} ({why})")
-    held_out = job.data.num_examples
-    return _Extent(batches, f"data.source builtin generates {held_out} held-out examples "
-                            f"(data.num_examples): an evaluation scores the first "
-                            f"{min(held_out, batches * batch)}, at most {batches} batches of "
-                            f"{batch} ({why})")
+    end, says how many of its batches it scores instead."""
+    return _Extent(*plan.source.eval_batches(job.eval.steps, job.eval.batch_size))
 
 
-def _reading_line(job: JobConfig, reads: _Extent) -> str:
+def _reading_line(job: JobConfig, plan: Plan, reads: _Extent) -> str:
     """What each evaluation of this job reads, said once at the start."""
     if reads.note:
         return reads.note
-    where, batch = data_where(job, training=False), job.eval.batch_size
+    where, batch = plan.source.where(training=False), job.eval.batch_size
     if reads.max_batches is None:
         return f"evaluating every example of {where} once, in batches of {batch}"
     return (f"evaluating at most {reads.max_batches} batches of {batch} of {where} "
             "(eval.steps)")
 
 
-def _build(plan: Plan, skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
-    job = plan.job
+def _build(job: JobConfig, plan: Plan,
+           skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
     features, labels = input_tensors(plan, training=False, batch_size=job.eval.batch_size,
                                      skipped=skipped)
     ops = towers.build_eval_ops(
         plan.model.model_fn, features, labels, plan.devices, param_device=plan.param_device,
-        precision=plan.precision(), xla=job.towers.xla,
+        precision=plan.precision, xla=job.towers.xla,
     )
     return ops, V1.train.Saver()
 
@@ -129,8 +113,8 @@ def _score(plan: Plan, ops: towers.EvalOps, saver, checkpoint: str, reads: _Exte
             examples += int(count)
             predicted.append(rows)
     if examples == 0:
-        key = "data.eval_path" if plan.job.data.eval_path else "data.path"
-        raise data.DataError(f"{key}: {data_where(plan.job, training=False)} holds no examples "
+        key = "data.eval_path" if plan.source.cfg.eval_path else "data.path"
+        raise data.DataError(f"{key}: {plan.source.where(training=False)} holds no examples "
                              "to evaluate")
     result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples}
     result.update({name: total / examples for name, total in sums.items()})
@@ -166,7 +150,7 @@ def evaluate(
     examples scored to this .npy file.
     """
     plan = make_plan(job)
-    check_eval_data(plan)
+    check_data(plan, training=False)
     train_dir = job.train.checkpoint_dir
     summary_dir = os.path.join(train_dir, "eval")
     if not watch:
@@ -174,20 +158,21 @@ def evaluate(
             checkpoint or train_dir, "--checkpoint" if checkpoint else "train.checkpoint_dir",
             write,
         )
-    reads = _extent(job)
-    skipped = data.SkippedRecords(data_where(job, training=False), write)
+    reads = _extent(job, plan)
+    where = plan.source.where(training=False)
+    skipped = data.SkippedRecords(where, write)
     graph = tf.Graph()
-    with graph.as_default(), data.input_errors(data_where(job, training=False)):
-        ops, saver = _build(plan, skipped)
+    with graph.as_default(), data.input_errors(where):
+        ops, saver = _build(job, plan, skipped)
         if predictions and ops.predictions is None:
             raise checkpoints.CheckpointError(
                 f"--predictions: model {plan.model.name} returns no predictions "
                 f"(towers.TowerOutputs(loss, metrics, predictions=...))")
-        write(_reading_line(job, reads))
-        scorer = _Scorer(plan, ops, saver, reads, summary_dir, exporter, write)
+        write(_reading_line(job, plan, reads))
+        scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write)
         if not watch:
             return scorer(path, predictions)
-        return _watch(plan, scorer, timeout, write)
+        return _watch(job, scorer, timeout, write)
 
 
 @dataclass
@@ -199,6 +184,7 @@ class _Scorer:
     saver: V1.train.Saver
     reads: _Extent
     summary_dir: str
+    session: SessionConfig
     exporter: metrics.Exporter | None
     write: Callable[[str], None]
 
@@ -209,7 +195,7 @@ class _Scorer:
         result["examples_per_sec"] = result["examples"] / max(time.perf_counter() - start, 1e-9)
         result["checkpoint"] = path
         _write_summaries(self.summary_dir, result, ["loss", *self.ops.metrics])
-        metrics.record_eval(self.exporter, result, len(plan.devices), plan.job.session)
+        metrics.record_eval(self.exporter, result, len(plan.devices), self.session)
         shown = " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float))
         self.write(f"eval step {result['global_step']}: {shown} ({result['examples']} examples)")
         if self.reads.note:
@@ -223,24 +209,23 @@ def _raise_stop(name: str) -> None:
     raise _Stop  # breaks out of the checkpoint iterator's wait
 
 
-def _watch(plan: Plan, score: _Scorer, timeout: float | None, write) -> dict:
+def _watch(job: JobConfig, score: _Scorer, timeout: float | None, write) -> dict:
     result: dict = {}
-    write(f"watching {plan.job.train.checkpoint_dir} for checkpoints")
+    directory = job.train.checkpoint_dir
+    write(f"watching {directory} for checkpoints")
     with StopSignals(_raise_stop):
         try:
             for path in V1.train.checkpoints_iterator(
-                plan.job.train.checkpoint_dir,
-                min_interval_secs=plan.job.eval.every_secs,
-                timeout=timeout,
+                directory, min_interval_secs=job.eval.every_secs, timeout=timeout,
             ):
                 result = _score_restorable(score, path, write) or result
-                if result.get("global_step", -1) >= plan.job.train.steps:
+                if result.get("global_step", -1) >= job.train.steps:
                     break
         except _Stop:
-            result = _score_before_stopping(plan, score, result, write) or result
+            result = _score_before_stopping(directory, score, result, write) or result
     if not result:
         raise checkpoints.CheckpointError(
-            f"train.checkpoint_dir: no checkpoint appeared in {plan.job.train.checkpoint_dir}"
+            f"train.checkpoint_dir: no checkpoint appeared in {directory}"
         )
     return result
 
@@ -255,11 +240,11 @@ def _score_restorable(score: _Scorer, path: str, write) -> dict | None:
     return score(path)
 
 
-def _score_before_stopping(plan: Plan, score: _Scorer, last: dict, write) -> dict | None:
-    """On a stop request: once a trainer still writing checkpoint_dir has ended (at most
-    WRITER_WAIT_SECS), score the newest checkpoint not scored yet, if there is one.
-    One more evaluation at most; a second stop request ends it at once."""
-    directory = plan.job.train.checkpoint_dir
+def _score_before_stopping(directory: str, score: _Scorer, last: dict,
+                           write) -> dict | None:
+    """On a stop request: once a trainer still writing checkpoint_dir (``directory``) has
+    ended (at most WRITER_WAIT_SECS), score the newest checkpoint not scored yet, if there
+    is one. One more evaluation at most; a second stop request ends it at once."""
     write("stopping on signal; a second one stops at once")
     with StopSignals(_raise_stop):
         try:

@@ -1,60 +1,74 @@
-"""What a job runs where, resolved before any graph is built: the plan, its checks, its input."""
+"""What one process runs where, resolved from the job before any graph is built."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tensorflow as tf
 
 import models
 import towers
 from launch import data, modelref
-from launch.config import DataConfig, JobConfig
+from launch.config import JobConfig, TowersConfig
 from launch.devices import list_gpus, num_cpu_devices, param_device, session_config, tower_devices
 from launch.errors import BadInput
-from launch.runtime import checkpoints
 
 V1 = tf.compat.v1
 
 
+class Share(NamedTuple):
+    """This process's part of a job of ``count`` processes that split every global batch
+    and the data between them (ps/worker workers, collective workers, Horovod ranks):
+    the ``index``-th share. One process alone: (0, 1)."""
+
+    index: int = 0
+    count: int = 1
+
+
+ALONE = Share()
+
+
 @dataclass(frozen=True)
 class Plan:
-    """Everything resolved about a job before a graph is built: what runs where.
+    """The facts one process needs, resolved once: what it trains, reads and computes on.
 
-    The job's `towers.variable_update` names two choices at once; the plan holds them
-    apart. sharing: how the towers inside this process share variables and
-    gradients (parameter_server or replicated; in_process_sharing). reduce_gradients:
-    how this process's summed gradients, loss and metrics are combined with other
-    processes' (Horovod ranks' all-reduce); None in a job of one process, and in a
-    ps/worker job, whose processes share variables on the ps tasks instead.
-
+    model: its input_spec always set (a model that declares none gets the data's).
+    source: the job's data (launch.data.sources), read for that spec.
     devices: the tower devices. param_device: where variables live, a device,
     "least_loaded", or a device function (a ps/worker job's replica_device_setter).
-    host: where the input pipeline and other host-side ops run. aggregation: where
-    tower gradients are summed (None: on each variable's device). batch_size and
-    shard: this process's part of every global batch and of the data.
-    step_examples: examples a step stands for in the reported rates (0: batch_size);
-    Horovod ranks step in lockstep, so each reports the whole job's rate.
-    sum_across_processes: a plain sum over the processes (Horovod ranks) for
-    synchronized batch norm's statistics; None in a job of one process.
-    pack_bytes: towers.pack_gradients_bytes, where towers packs gradients
-    (towers.resolve_variable_update says where: the reduction across processes);
-    0 for Horovod ranks, which fuse tensors themselves.
-    model.input_spec is always set: a model that declares none gets the data's.
+    session: the session's options. precision: what the towers compute and send in.
+    share: this process's part of every global batch and of the data;
+    process_batch_size: its examples of each global batch (train.batch_size split
+    across the processes by towers.shard_sizes, the towers' own rule).
+    sharing: how the towers inside this process share variables and gradients
+    (towers.variable_update). host: where the input pipeline and other host-side ops
+    run. aggregation: where tower gradients are summed (None: on each variable's device).
+
+    The arrangement of processes adds, where its processes combine their steps
+    (collective workers, Horovod ranks): reduce_gradients, how this process's summed
+    gradients, loss and metrics are combined with the others'; step_examples, the
+    examples a step stands for in the reported rates (the global batch: they step in
+    lockstep; 0: process_batch_size); sum_across_processes, a plain sum over the
+    processes (synchronized batch norm's statistics); pack_bytes,
+    towers.pack_gradients_bytes where towers packs gradients (its reduction across
+    processes; towers.resolve_variable_update says where), 0 for Horovod ranks, which
+    fuse tensors themselves.
     """
 
-    job: JobConfig
     model: models.Model
+    source: data.Source
     devices: list[str]
     param_device: str | towers.DeviceFn
     session: V1.ConfigProto
+    precision: towers.Precision
+    share: Share = ALONE
+    process_batch_size: int = 0
     sharing: str = "parameter_server"
     host: str = "/cpu:0"
     aggregation: str | None = None
-    batch_size: int = 0
-    shard: tuple[int, int] = (0, 1)
     reduce_gradients: towers.GradientsFn | None = None
     step_examples: int = 0
     sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None
@@ -69,33 +83,27 @@ class Plan:
             aggregation_device=self.aggregation, reduce=self.reduce_gradients,
             sum_across_processes=self.sum_across_processes, pack_bytes=self.pack_bytes)
 
-    def precision(self) -> towers.Precision:
-        """What the towers compute, send gradients and scale the loss in."""
-        cfg = self.job.towers
-        scale = None
-        if cfg.precision == "mixed_float16":
-            scale = towers.DynamicLossScale(cfg.loss_scale.initial, cfg.loss_scale.growth_steps)
-        return towers.Precision(cfg.precision, cfg.gradient_dtype, scale)
-
     @property
     def examples_per_step(self) -> int:
-        return self.step_examples or self.batch_size
+        return self.step_examples or self.process_batch_size
 
 
 class BatchSizeError(BadInput):
     """train.batch_size leaves a tower without examples (towers.batch_shortfall)."""
 
 
-def make_plan(job: JobConfig, processes: int = 1) -> Plan:
-    """Resolve the model, the devices and the session options; raises on bad input.
+def make_plan(job: JobConfig, share: Share = ALONE) -> Plan:
+    """This host's plan for the job, as the ``share`` of its processes; raises on bad input.
 
-    processes: how many processes share each global batch (ps/worker workers, Horovod
-    ranks), each running the job's towers.
+    An arrangement of several processes moves it onto its own devices and adds how the
+    processes combine (launch/distributed/arrangements/).
     """
-    devices, param, config = resolve_devices(job, processes)
+    devices, param, config = resolve_devices(job, share.count)
     model = resolve_model(job)
-    return Plan(job, model, devices, param, config, sharing=in_process_sharing(job),
-                batch_size=job.train.batch_size, pack_bytes=job.towers.pack_gradients_bytes)
+    batch = towers.shard_sizes(job.train.batch_size, share.count)[share.index]
+    return Plan(model, data.source_of(job.data), devices, param, config,
+                precision(job.towers), share, batch, sharing=job.towers.variable_update,
+                pack_bytes=job.towers.pack_gradients_bytes)
 
 
 def resolve_devices(job: JobConfig, processes: int = 1
@@ -105,17 +113,9 @@ def resolve_devices(job: JobConfig, processes: int = 1
     num_gpus = len(list_gpus(job.session))
     devices = tower_devices(job.towers, num_gpus)
     param = param_device(job.towers, num_gpus)
+    config = session_config(job.session, num_cpu_devices(devices, param))
     _check_batch_size(job, len(devices), processes)
-    return devices, param, session_config(job.session, num_cpu_devices(devices, param))
-
-
-def in_process_sharing(job: JobConfig) -> str:
-    """How the towers inside each process share variables and gradients. The job
-    file's `towers.variable_update` also says how processes are arranged: `horovod`
-    runs Horovod ranks, each sharing its towers' variables as parameter_server does
-    (the ranks then combine through Plan.reduce_gradients)."""
-    choice = job.towers.variable_update
-    return "parameter_server" if choice == "horovod" else choice
+    return devices, param, config
 
 
 def _check_batch_size(job: JobConfig, num_towers: int, processes: int = 1) -> None:
@@ -139,106 +139,9 @@ def resolve_model(job: JobConfig) -> models.Model:
     return dataclasses.replace(model, input_spec=spec)
 
 
-def preflight(plan: Plan, is_chief: bool = True) -> None:
-    """Check what can be checked before anything is written: data, and for the chief
-    (the only process that writes them) the checkpoint paths."""
-    job = plan.job
-    try:
-        data.check_source(
-            job.data.source,
-            plan.model.input_spec,
-            path=job.data.path,
-            label_column=job.data.label_column,
-            schema=job.data.schema,
-            shard=plan.shard,
-        )
-    except data.DataError as err:
-        if plan.model.source == "built-in":
-            raise
-        # The user's model and the data disagree: name both sides.
-        raise data.DataError(
-            f"{err} (model {plan.model.name} takes "
-            f"{models.describe_spec(plan.model.input_spec)})"
-        ) from None
-    if not is_chief:
-        return
-    checkpoints.check_writable_dir(job.train.checkpoint_dir, "train.checkpoint_dir")
-    if job.train.warm_start is not None:
-        checkpoints.resolve(job.train.warm_start.path, "train.warm_start.path")
-
-
-def data_where(job: JobConfig, training: bool = True) -> str:
-    """The data a job reads, for messages: its paths, or its generated source."""
-    cfg = job.data
-    paths = cfg.path if training or not cfg.eval_path else cfg.eval_path
-    if paths is None:
-        return f"data.source {cfg.source}"
-    return data.describe(paths, list(paths))
-
-
-def input_line(plan: Plan) -> str | None:
-    """What this process reads when it reads a share of a job's files (ps/worker,
-    Horovod): its files, or every n-th record when there are fewer files than readers."""
-    cfg = plan.job.data
-    index, count = plan.shard
-    if count == 1 or cfg.source not in ("csv", "tfrecord"):
-        return None
-    files = data.resolve_files(cfg.path, cfg.source)
-    mine = data.files_of_shard(files, plan.shard)
-    if mine is None:
-        return (f"input: every {data.ordinal(count)} record of the {len(files)} file(s) of "
-                f"{data_where(plan.job)} (reader {index + 1} of {count}; fewer files than readers)")
-    shown = mine if len(mine) <= 4 else [*mine[:3], "...", mine[-1]]
-    return (f"input: {len(mine)} of {len(files)} files (reader {index + 1} of {count}): "
-            f"{', '.join(shown)}")
-
-
-def check_eval_data(plan: Plan) -> None:
-    """The evaluation data checked as preflight checks the training data."""
-    cfg = plan.job.data
-    data.check_source(cfg.source, plan.model.input_spec, path=cfg.eval_path or cfg.path,
-                      label_column=cfg.label_column, schema=cfg.schema)
-
-
-def _repeats(cfg: DataConfig, training: bool) -> bool:
-    """Whether the input starts again at its end. Training data repeats until train.steps
-    unless data.epochs bounds it. Evaluation data is read once, so every example counts
-    once; only synthetic data, one generated batch, repeats (an evaluation takes a fixed
-    number of its batches)."""
-    if training:
-        return not cfg.epochs
-    return cfg.source == "synthetic"
-
-
-def input_tensors(plan: Plan, training: bool, batch_size: int,
-                  skipped: data.SkippedRecords | None = None):
-    """features, labels of one global batch, produced on the host CPU: [B, ...], B =
-    batch_size, except an evaluation's last batch, which holds what is left.
-
-    skipped: where to count records skipped under ``data.on_bad_record: skip``.
-    """
-    cfg = plan.job.data
-    path = cfg.path if training or not cfg.eval_path else cfg.eval_path
-    with tf.device(plan.host):
-        dataset = data.make_dataset(
-            cfg.source,
-            plan.model.input_spec,
-            batch_size,
-            path=path,
-            label_column=cfg.label_column,
-            shuffle_buffer=cfg.shuffle_buffer,
-            num_parallel_calls=None if cfg.num_parallel_calls == "auto" else cfg.num_parallel_calls,
-            prefetch=None if cfg.prefetch == "auto" else cfg.prefetch,
-            threads=None if cfg.threads == "auto" else cfg.threads,
-            num_examples=cfg.num_examples,
-            seed=cfg.seed,
-            training=training,
-            shard=plan.shard if training else (0, 1),
-            schema=cfg.schema,
-            image=cfg.image,
-            skipped=skipped if cfg.on_bad_record == "skip" else None,
-            repeat=_repeats(cfg, training),
-        )
-        if training and cfg.epochs and cfg.epochs > 1:
-            dataset = dataset.repeat(cfg.epochs)  # each pass shuffled afresh, as repeat() is
-        return data.input_tensors(dataset)
+def precision(cfg: TowersConfig) -> towers.Precision:
+    """What the towers compute, send gradients and scale the loss in."""
+    scale = None
+    if cfg.precision == "mixed_float16":
+        scale = towers.DynamicLossScale(cfg.loss_scale.initial, cfg.loss_scale.growth_steps)
+    return towers.Precision(cfg.precision, cfg.gradient_dtype, scale)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-import towers
 from launch import data, metrics
-from launch.config import JobConfig
+from launch.config import JobConfig, TrainConfig
 from launch.devices import emulation_note
 from launch.hard_exit import exit_now
 from launch.log import log
@@ -25,118 +23,18 @@ from launch.runtime.hooks import (
     StopAtStepHook,
     nonfinite_stops,
 )
-from launch.runtime.input_watch import count_batches
-from launch.runtime.optim import batch_scale, learning_rate, make_optimizer
-from launch.runtime.plan import (
-    Plan,
-    check_eval_data,
-    data_where,
-    input_line,
-    input_tensors,
-    make_plan,
-    preflight,
-)
+from launch.runtime.optim import batch_scale
+from launch.runtime.plan import Plan, make_plan
+from launch.runtime.preflight import preflight
 from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
+from launch.runtime.training_graph import build_training_graph
 
 V1 = tf.compat.v1
-
-
-OptimizerWrapper = Callable[[V1.train.Optimizer], V1.train.Optimizer]
-
-
-def build_training_graph(
-    plan: Plan, wrap_optimizer: OptimizerWrapper | None = None,
-    skipped: data.SkippedRecords | None = None,
-) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
-    """The whole training graph in the default graph; returns ops, scaffold, learning rate.
-
-    wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
-    skipped: counts the input records skipped (data.on_bad_record: skip).
-    """
-    job = plan.job
-    # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
-    # the seed's own: otherwise every rank would apply the same dropout masks. Initial
-    # values need not agree (rank 0's are broadcast, the chief's are the ps's).
-    seed = job.train.seed + plan.shard[0]
-    V1.set_random_seed(seed)
-    # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
-    random.seed(seed)
-    features, labels = input_tensors(plan, training=True, batch_size=plan.batch_size,
-                                     skipped=skipped)
-    mode = plan.variable_update()
-    with V1.device(mode.step_device(plan.devices)):
-        global_step = V1.train.get_or_create_global_step()
-    rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
-    optimizer = make_optimizer(job.optimizer, rate)
-    if wrap_optimizer is not None:
-        optimizer = wrap_optimizer(optimizer)
-    ops = towers.build_train_op(
-        plan.model.model_fn,
-        features,
-        labels,
-        optimizer,
-        plan.devices,
-        variable_update=mode,
-        clip_norm=job.optimizer.clip_norm,
-        global_step=global_step,
-        nonfinite="raise" if job.train.on_nonfinite == "stop" else "skip",
-        precision=plan.precision(),
-        accumulate_steps=job.train.accumulate_steps,
-        xla=job.towers.xla,
-        batch_norm=job.towers.batch_norm,
-    )
-    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
-    _add_summaries(ops, rate, job.train.histograms)
-    if job.train.warm_start is not None:
-        model_vars = [
-            v
-            for v in V1.global_variables()
-            if v not in optimizer.variables() and v is not global_step
-        ]
-        checkpoints.warm_start(job.train.warm_start, model_vars, log)
-    saver = V1.train.Saver(
-        max_to_keep=job.train.max_to_keep,
-        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
-        save_relative_paths=True,
-    )
-    scaffold = V1.train.Scaffold(
-        saver=saver,
-        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
-    )
-    return ops, scaffold, rate
-
-
-def check_startup(job: JobConfig) -> Plan:
-    """Every check `towers train` makes before its first step, made without training or
-    writing anything (`towers validate`): the plan (model, devices, batch), the data and
-    the evaluation data, the checkpoint paths, the whole graph built aside (the model
-    against the data's shapes and classes), and the checkpoint found against the model."""
-    plan = make_plan(job)
-    preflight(plan)
-    if job.data.eval_path:
-        check_eval_data(plan)
-    with tf.Graph().as_default():
-        build_training_graph(plan)
-        checkpoints.check_compatible(job.train.checkpoint_dir)
-    return plan
-
-
-def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:
-    V1.summary.scalar("loss", ops.loss)
-    V1.summary.scalar("learning_rate", rate)
-    V1.summary.scalar("gradient_norm", ops.gradient_norm)
-    if ops.loss_scale is not None:
-        V1.summary.scalar("loss_scale", ops.loss_scale)
-    for name, value in ops.metrics.items():
-        V1.summary.scalar(name, value)
-    if histograms:
-        for var in V1.trainable_variables():
-            V1.summary.histogram(var.op.name, var)
 
 
 @dataclass
@@ -170,38 +68,37 @@ def train(
     """
     plan = plan or make_plan(job)
     role = role or Role()
-    preflight(plan, role.writes)
+    preflight(job, plan, role.writes)
     # The writer holds checkpoint_dir from before its first write into it until training
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
-        return _train(plan, role, exporter, write)
+        return _train(job, plan, role, exporter, write)
 
 
-def _train(plan: Plan, role: Role, exporter: metrics.Exporter | None,
+def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
            write: Callable[[str], None]) -> dict:
-    job = plan.job
     # Caught from when the session starts (until then the command's own handling
     # applies: nothing is built that a stop could save).
     stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)
-    skipped = data.SkippedRecords(data_where(job), write, _skip_counter(exporter))
+    where = plan.source.where()
+    skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(plan, role.wrap_optimizer, skipped)
+        ops, scaffold, rate = build_training_graph(job, plan, role.wrap_optimizer, skipped)
         if role.writes:
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
             _announce_resume(resumed, write)  # only once it is known to fit the model
-        loop = _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write)
-        write(_startup_line(plan))
-        emulated = emulation_note(job.towers.precision, plan.devices)
-        if emulated:
-            write(emulated)
-        if input_line(plan):
-            write(input_line(plan))
+        loop = _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write)
+        write(_startup_line(job, plan))
+        for line in (emulation_note(job.towers.precision, plan.devices),
+                     plan.source.reader_line(plan.share)):
+            if line:
+                write(line)
         role.before_session(plan.session)
-        with data.input_errors(data_where(job)):
-            _run_session(plan, role, ops, scaffold, loop, stop)
+        with data.input_errors(where):
+            _run_session(job.train, plan, role, ops, scaffold, loop, stop)
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write)
     if result.get("stopped_by") == "end of data":
@@ -226,18 +123,17 @@ def _announce_stop(write: Callable[[str], None], saves: bool) -> Callable[[str],
     return lambda name: write(f"received {name}: {doing}")
 
 
-def _startup_line(plan: Plan) -> str:
+def _startup_line(job: JobConfig, plan: Plan) -> str:
     where = "the ps tasks" if callable(plan.param_device) else plan.param_device
     return (
         f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
-        f"variables on {where} ({plan.job.towers.variable_update}); {_compute_text(plan)}"
+        f"variables on {where} ({plan.sharing}); {_compute_text(job, plan)}"
     )
 
 
-def _compute_text(plan: Plan) -> str:
+def _compute_text(job: JobConfig, plan: Plan) -> str:
     """'mixed_float16 (loss scale from 32768), 16-bit gradients, XLA, 4 micro-batches of 64
     examples, learning rate 0.2 (0.05 x 1024 / 256)': what the step computes and how."""
-    job = plan.job
     parts = [job.towers.precision]
     if job.towers.precision == "mixed_float16":
         parts[0] += f" (loss scale from {job.towers.loss_scale.initial:g})"
@@ -249,7 +145,8 @@ def _compute_text(plan: Plan) -> str:
         parts.append("batch norm synchronized over the global batch")
     steps = job.train.accumulate_steps
     if steps > 1:
-        parts.append(f"{steps} micro-batches of {plan.batch_size // steps} examples per update")
+        parts.append(f"{steps} micro-batches of {plan.process_batch_size // steps} examples "
+                     "per update")
     cfg = job.optimizer
     if cfg.reference_batch_size:
         scaled = cfg.learning_rate * batch_scale(cfg, job.train.batch_size)
@@ -258,11 +155,11 @@ def _compute_text(plan: Plan) -> str:
     return ", ".join(parts)
 
 
-def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop:
+def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop:
     """Every hook of the session, in the order they must run."""
-    cfg = plan.job.train
+    cfg = job.train
     served = metrics.training_hooks(
-        exporter, ops, rate, len(plan.devices), plan.examples_per_step, plan.job.session
+        exporter, ops, rate, len(plan.devices), plan.examples_per_step, job.session
     )
     phases = StepPhases(served.on_phases)
     # With peers, an instant with no op running here is a wait for them.
@@ -315,8 +212,8 @@ def _loop_hooks(plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop
     return _Loop(hooks, chief_hooks, progress, stop_at, data_end, phases, loss_scale)
 
 
-def _run_session(plan: Plan, role: Role, ops, scaffold, loop: _Loop, stop: StopSignals) -> None:
-    cfg = plan.job.train
+def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: _Loop,
+                 stop: StopSignals) -> None:
     # A diverged step raises; the session then closes without saving (no hook's end()).
     diverged = nonfinite_stops(cfg.checkpoint_dir if role.writes else None)
     unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4

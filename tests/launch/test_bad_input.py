@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import run_in_process, run_towers
-from data_helpers import class_images, encode, image_feature_map, write_examples
+from helpers.commands import run_in_process, run_towers
+from helpers.data_files import class_images, encode, image_feature_map, write_examples
 
 
 @dataclass(frozen=True)

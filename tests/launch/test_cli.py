@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
-from cli_helpers import (
+from helpers.checkpoints import latest_step
+from helpers.commands import (
     FAST,
     ROOT,
     environment,
@@ -23,12 +24,6 @@ from cli_helpers import (
 )
 
 pytestmark = pytest.mark.e2e  # every test here starts processes
-
-
-def latest_step(checkpoint_dir) -> int:
-    latest = tf.train.latest_checkpoint(str(checkpoint_dir))
-    assert latest, f"no checkpoint in {checkpoint_dir}"
-    return int(tf.train.load_variable(latest, "global_step"))
 
 
 def test_default_job_trains_reports_json_writes_events_and_a_second_run_continues(tmp_path):

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import yaml
-from cli_helpers import run_in_process
+from helpers.commands import run_in_process
 
 KERAS_12 = """
 import keras

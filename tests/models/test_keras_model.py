@@ -12,13 +12,6 @@ v1 = tf.compat.v1
 CTX = TowerContext(0, 1, "/cpu:0", True)
 
 
-@pytest.fixture
-def keras_graph():
-    keras.utils.clear_session()
-    with tf.Graph().as_default() as graph:
-        yield graph
-
-
 def classifier(**compile_args):
     net = keras.Sequential([keras.layers.Dense(3)])
     net.compile(**compile_args)

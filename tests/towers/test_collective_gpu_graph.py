@@ -9,7 +9,7 @@ import functools
 
 import pytest
 import tensorflow as tf
-from tower_helpers import momentum
+from helpers.tower_training import momentum
 
 import models
 import towers

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import tensorflow as tf
-from tower_helpers import SMALL, momentum
+from helpers.tower_training import SMALL, momentum
 
 import models
 import towers

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import cpus, get_variable, momentum, tiny_classifier
+from helpers.tower_training import cpus, get_variable, momentum, tiny_classifier
 
 import towers
 

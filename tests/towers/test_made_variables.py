@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import assert_same_variables, cpus, image_batches, momentum, train
+from helpers.tower_training import assert_same_variables, cpus, image_batches, momentum, train
 
 import models
 import towers
@@ -89,14 +89,6 @@ def test_a_keras_model_matches_one_device_and_saves_without_tower_names(mode, nu
     keras_names = [n for n in final if "dense" in n]
     assert keras_names and not any(n.startswith("tower_") for n in final)
     assert "sequential/dense/kernel" in final
-
-
-@pytest.fixture
-def keras_graph():
-    """A fresh graph with Keras' layer names restarted (clear_session must come first)."""
-    keras.utils.clear_session()
-    with tf.Graph().as_default() as graph:
-        yield graph
 
 
 def test_replicated_keras_copies_live_on_their_towers_and_are_synced(keras_graph):

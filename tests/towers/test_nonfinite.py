@@ -4,11 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import (
-    cpus,
-    momentum,
-    moving_mean_model,
-)
+from helpers.tower_training import cpus, momentum, moving_mean_model
 
 import towers
 

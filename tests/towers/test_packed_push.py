@@ -4,7 +4,7 @@ with one tensor per destination crossing instead of one per variable."""
 
 import pytest
 import tensorflow as tf
-from tower_helpers import (
+from helpers.tower_training import (
     SMALL,
     assert_same_variables,
     canonical,

@@ -4,7 +4,7 @@ exchange, the optimizer's update is apply, the input's get-next is input."""
 
 import pytest
 import tensorflow as tf
-from tower_helpers import momentum, tiny_classifier
+from helpers.tower_training import momentum, tiny_classifier
 
 import towers
 

@@ -1,7 +1,7 @@
 """Where variables and compute go: one set of variables, parameter devices, balancing."""
 
 import tensorflow as tf
-from tower_helpers import SMALL, canonical, cpus, get_variable, momentum
+from helpers.tower_training import SMALL, canonical, cpus, get_variable, momentum
 
 import models
 import towers

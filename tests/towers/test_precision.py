@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import SMALL, cpus, get_variable, image_batches, momentum, tiny_classifier
+from helpers.tower_training import (
+    SMALL,
+    cpus,
+    get_variable,
+    image_batches,
+    momentum,
+    tiny_classifier,
+)
 
 import models
 import towers

@@ -3,11 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from tower_helpers import (
-    cpus,
-    momentum,
-    tiny_classifier,
-)
+from helpers.tower_training import cpus, momentum, tiny_classifier
 
 import towers
 

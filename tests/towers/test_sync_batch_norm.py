@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import assert_same_variables, cpus, image_batches, momentum
+from helpers.tower_training import assert_same_variables, cpus, image_batches, momentum
 
 import models
 import towers

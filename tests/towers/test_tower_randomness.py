@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import cpus
+from helpers.tower_training import cpus
 
 import towers
 from models import layers

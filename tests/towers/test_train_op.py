@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import (
+from helpers.tower_training import (
     SMALL,
     assert_same_variables,
     check_equivalent,

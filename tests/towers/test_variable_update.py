@@ -4,12 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import (
-    cpus,
-    image_batches,
-    momentum,
-    tiny_classifier,
-)
+from helpers.tower_training import cpus, image_batches, momentum, tiny_classifier
 
 import models
 import towers

@@ -2,7 +2,14 @@
 
 import tensorflow as tf
 from conftest import cpu_session_config
-from tower_helpers import SMALL, assert_same_variables, cpus, image_batches, momentum, train
+from helpers.tower_training import (
+    SMALL,
+    assert_same_variables,
+    cpus,
+    image_batches,
+    momentum,
+    train,
+)
 
 import models
 import towers

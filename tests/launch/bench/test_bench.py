@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from cli_helpers import environment, run_in_process, towers_command
+from helpers.commands import environment, run_in_process, towers_command
 
 from launch.bench import MODES
 from launch.bench.settings import FLOAT32

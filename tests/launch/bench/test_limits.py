@@ -3,7 +3,7 @@ variant axes and what they do to the rows."""
 
 import pytest
 import tensorflow as tf
-from tower_helpers import momentum
+from helpers.tower_training import momentum
 
 import models
 import towers

@@ -1,11 +1,11 @@
 """The bench package imports no TensorFlow with it, since the CLI imports it to build its
-parser (tests/test_layers.py checks that no package imports in a circle)."""
+parser (tests/test_import_layers.py checks that no package imports in a circle)."""
 
 import subprocess
 import sys
 
 import pytest
-from cli_helpers import environment
+from helpers.commands import environment
 
 
 @pytest.mark.e2e

@@ -122,6 +122,7 @@ metrics:
   certfile: null
   keyfile: null
 cluster:
+  backend: auto
   ps: []
   worker: []
   chief: []
@@ -259,16 +260,29 @@ def test_the_job_docstring_names_every_section():
         assert f"``{section.name}``" in schema.__doc__
 
 
-def test_variable_update_accepts_the_towers_modes_and_horovod():
+def test_variable_update_accepts_the_towers_modes():
     # config spells the list out rather than importing towers (and with it TensorFlow).
     import towers
 
-    modes = (*towers.VARIABLE_UPDATES, "horovod")
+    modes = towers.VARIABLE_UPDATES
     for mode in modes:
         job = load_job(None, [f"towers.variable_update={mode}"])
         assert job.towers.variable_update == mode
     error = raises_config_error(None, ["towers.variable_update=mirrored"])
     assert f"accepted: {', '.join(sorted(modes))}" in error.message
+
+
+def test_horovod_as_a_variable_update_is_read_as_the_backend_and_told_once(capsys):
+    """towers.variable_update: horovod, the old spelling, is cluster.backend: horovod;
+    the towers inside each rank share as parameter_server, as they did."""
+    job = load_job(None, ["towers.variable_update=horovod"])
+    assert (job.cluster.backend, job.towers.variable_update) == ("horovod", "parameter_server")
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 1 and "is now spelled cluster.backend: horovod" in notes[0]
+    error = raises_config_error(None, ["towers.variable_update=horovod",
+                                       "cluster.backend=ps_worker"])
+    assert (error.source, error.key) == ("--set", "cluster.backend")
+    assert "the old spelling of cluster.backend: horovod" in error.message
 
 
 def test_precisions_and_gradient_types_are_the_towers_ones():
@@ -487,7 +501,7 @@ BAD = [
     ("towers: {devices: []}", "towers.devices", "must not be an empty list"),
     ("towers: {devices: 1.5}", "towers.devices", "expected 'auto', a positive device count"),
     ("towers: {variable_update: mirrored}", "towers.variable_update",
-     "accepted: horovod, parameter_server, replicated"),
+     "accepted: parameter_server, replicated"),
     ("towers: {param_device: gpu1}", "towers.param_device", "did you mean 'gpu'"),
     ("session: {per_process_gpu_memory_fraction: 1.5}",
      "session.per_process_gpu_memory_fraction", "must be in (0, 1]"),

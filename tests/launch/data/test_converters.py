@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from data_helpers import (
+from helpers.data_files import (
     class_images,
     encode,
     read_all,

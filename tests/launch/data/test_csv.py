@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_helpers import read_all
+from helpers.data_files import read_all
 
 from launch.config import load_job
 from launch.data import (
@@ -240,6 +240,24 @@ def test_skipping_leaves_bad_rows_out_and_names_the_first_ten(graph, tmp_path):
     assert len(lines) == 11 and "(the 10th record skipped;" in lines[9]
     assert lines[10] == (f"data: skipped 25 records of {path} so far, the first 10 named above "
                          "(data.on_bad_record: skip)")
+
+
+def test_the_start_up_checks_read_the_jobs_own_columns_and_skips(tmp_path):
+    """What `towers train` checks before its first step is the data as the job reads it:
+    a column of text left out by data.feature_columns, and a bad row data.on_bad_record
+    leaves out, are no reason to refuse the job."""
+    from helpers.commands import run_in_process
+
+    path = tmp_path / "d.csv"
+    path.write_text("a,b,note,label\n" + "".join(f"{i % 5},{i % 3},n{i},{i % 2}\n"
+                                                  for i in range(40)) + "x,1,bad,0\n")
+    result = run_in_process(
+        "validate", "--set", "model.name=mlp", "--set", "model.input_dim=2",
+        "--set", "model.num_classes=2", "--set", "data.source=csv",
+        "--set", f"data.path={path}", "--set", "data.feature_columns=[a, b]",
+        "--set", "data.on_bad_record=skip", "--set", "train.batch_size=8",
+        "--set", f"train.checkpoint_dir={tmp_path / 'c'}")
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_header_without_rows_has_no_examples(tmp_path):

@@ -10,8 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
-from cli_helpers import Cluster, last_json, ok, run_towers
-from data_helpers import class_images, encode, image_feature_map, write_examples, write_image_folder
+from helpers.commands import Cluster, last_json, ok, run_towers
+from helpers.data_files import (
+    class_images,
+    encode,
+    image_feature_map,
+    write_examples,
+    write_image_folder,
+)
 
 from launch.data.converters import convert_files
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_helpers import encode
+from helpers.data_files import encode
 
 from launch.config import ImageConfig
 from launch.data import DataError

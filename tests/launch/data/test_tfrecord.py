@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from data_helpers import (
+from helpers.data_files import (
     class_images,
     encode,
     image_feature_map,

@@ -8,7 +8,8 @@ order (shuffle_buffer 0).
 
 import numpy as np
 import pytest
-from cli_helpers import checkpoint_variables, ok, run_towers
+from helpers.checkpoints import checkpoint_variables
+from helpers.commands import ok, run_towers
 
 from launch.config import from_dict
 from launch.runtime.train import train

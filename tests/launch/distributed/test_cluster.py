@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import (
+from helpers.checkpoints import checkpoint_variables
+from helpers.commands import (
     Cluster,
     Process,
-    checkpoint_variables,
     environment,
     last_json,
     last_logged,
@@ -27,7 +27,7 @@ from cli_helpers import (
 )
 
 from launch.config import from_dict
-from launch.distributed.cluster_spec import ClusterError, Flags, resolve
+from launch.distributed.cluster import ClusterError, Flags, resolve
 from launch.distributed.local_cluster import free_ports
 
 # --- resolving the cluster from the job file, flags and TF_CONFIG ------------------------
@@ -92,14 +92,14 @@ def test_unclear_clusters_are_errors_naming_the_sources(cfg, flags, env, message
 # --- variable placement over ps tasks ----------------------------------------------------
 
 def test_two_ps_tasks_hold_resnet20_bytes_within_20_percent(graph):
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import worker_plan
-    from launch.runtime.train import build_training_graph
+    from launch.distributed.arrangements.ps_worker.plan import worker_plan
+    from launch.distributed.cluster import Task
+    from launch.runtime.training_graph import build_training_graph
 
     job = from_dict({"model": {"name": "resnet20"}, "data": {"source": "synthetic"},
                      "towers": {"devices": 2}, "train": {"batch_size": 8}})
     task = Task({"ps": (PS, "10.0.0.4:2222"), "worker": (W0,)}, "worker", 0)
-    build_training_graph(worker_plan(job, task))
+    build_training_graph(job, worker_plan(job, task))
     held = {}
     for var in tf.compat.v1.global_variables():
         ps = tf.DeviceSpec.from_string(var.device).task
@@ -111,9 +111,10 @@ def test_two_ps_tasks_hold_resnet20_bytes_within_20_percent(graph):
 
 def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     """Name -> shape of what the chief of a job of `workers` workers saves."""
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import WorkerRole, worker_plan
-    from launch.runtime.train import build_training_graph
+    from launch.distributed.arrangements.ps_worker.plan import worker_plan
+    from launch.distributed.arrangements.ps_worker.role import WorkerRole
+    from launch.distributed.cluster import Task
+    from launch.runtime.training_graph import build_training_graph
 
     job = from_dict({"model": {"name": "mlp", "hidden_units": [8]}, "data": {"source": "synthetic"},
                      "train": {"batch_size": 64, "sync": sync}, "towers": {"devices": 1}})
@@ -122,7 +123,7 @@ def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     plan = worker_plan(job, task)
     role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
     with tf.Graph().as_default():
-        build_training_graph(plan, role.wrap_optimizer)
+        build_training_graph(job, plan, role.wrap_optimizer)
         role.hooks(None, None)
         # What the job's Saver saves: the global variables and any other saveables.
         saved = tf.compat.v1.global_variables() + tf.compat.v1.get_collection(
@@ -144,9 +145,10 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
     # TensorFlow leaves the SyncReplicasOptimizer's local step without a device, so the
     # placer put it on the ps, shared by every worker: a worker starting later reset it
     # to 0 and a resumed job's first gradients were dropped as stale, for ever.
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import WorkerRole, worker_plan
-    from launch.runtime.train import build_training_graph
+    from launch.distributed.arrangements.ps_worker.plan import worker_plan
+    from launch.distributed.arrangements.ps_worker.role import WorkerRole
+    from launch.distributed.cluster import Task
+    from launch.runtime.training_graph import build_training_graph
 
     job = from_dict({"model": {"name": "mlp", "hidden_units": [8]}, "data": {"source": "synthetic"},
                      "train": {"batch_size": 64, "sync": True}, "towers": {"devices": 1}})
@@ -154,7 +156,7 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
     plan = worker_plan(job, task)
     role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
     with tf.Graph().as_default():
-        build_training_graph(plan, role.wrap_optimizer)
+        build_training_graph(job, plan, role.wrap_optimizer)
         local = [v for v in tf.compat.v1.local_variables() if "local_step" in v.op.name]
         assert len(local) == 1
         device = tf.DeviceSpec.from_string(local[0].device)
@@ -162,8 +164,8 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
 
 
 def test_a_worker_takes_its_share_of_the_global_batch_and_of_the_data():
-    from launch.distributed.cluster_spec import Task
-    from launch.distributed.worker import worker_plan
+    from launch.distributed.arrangements.ps_worker.plan import worker_plan
+    from launch.distributed.cluster import Task
 
     job = from_dict({"model": {"name": "mlp"}, "data": {"source": "synthetic"},
                      "train": {"batch_size": 64}, "towers": {"devices": 1}})
@@ -171,8 +173,8 @@ def test_a_worker_takes_its_share_of_the_global_batch_and_of_the_data():
         hosts = tuple(f"10.0.1.{i}:2222" for i in range(workers))
         plans = [worker_plan(job, Task({"ps": (PS,), "worker": hosts}, "worker", i))
                  for i in range(workers)]
-        assert [p.batch_size for p in plans] == shares
-        assert [p.shard for p in plans] == [(i, workers) for i in range(workers)]
+        assert [p.process_batch_size for p in plans] == shares
+        assert [p.share for p in plans] == [(i, workers) for i in range(workers)]
 
 
 # --- real clusters -----------------------------------------------------------------------
@@ -402,19 +404,13 @@ def test_killed_tasks_started_again_rejoin_and_the_chief_resumes_from_its_checkp
 
 # --- metrics from every task ---------------------------------------------------------------
 
-def scrape(url: str) -> dict:
-    """{metric name: [(labels, value)]} from one real HTTP scrape; {} if not answering yet."""
-    import urllib.request
+def series(url: str) -> dict:
+    """{metric name: its labels and "value"} from one real HTTP scrape; {} if not answering
+    yet."""
+    from helpers.scrapes import families
 
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
     return {sample.name: sample.labels | {"value": sample.value}
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+            for family in families(url) for sample in family.samples}
 
 
 @pytest.mark.e2e
@@ -441,7 +437,7 @@ def test_every_task_serves_its_metrics_and_a_sigterm_saves_and_every_task_exits_
         deadline = time.monotonic() + 120
         while len(scraped) < 3 and time.monotonic() < deadline:
             for name, url in urls.items():
-                samples = scrape(url)
+                samples = series(url)
                 if ready(samples, name):
                     scraped[name] = samples
             time.sleep(0.5)

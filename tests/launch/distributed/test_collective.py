@@ -11,15 +11,8 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import (
-    Cluster,
-    checkpoint_variables,
-    last_json,
-    ok,
-    run_in_process,
-    saved_steps,
-    wait_until,
-)
+from helpers.checkpoints import checkpoint_variables
+from helpers.commands import Cluster, last_json, ok, run_in_process, saved_steps, wait_until
 
 pytestmark = pytest.mark.e2e
 

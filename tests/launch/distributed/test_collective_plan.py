@@ -4,11 +4,11 @@ session options, what is refused, and the cluster local-cluster gives it."""
 import json
 
 import pytest
-from cli_helpers import run_in_process
+from helpers.commands import run_in_process
 
 from launch.config import from_dict
-from launch.distributed.cluster_spec import Flags, Task, resolve
-from launch.distributed.collective import collective_plan, peers
+from launch.distributed.arrangements.collective import collective_plan, peers
+from launch.distributed.cluster import Flags, Task, resolve
 from launch.distributed.local_cluster import plan_tasks
 
 HOSTS = ("10.0.1.0:2222", "10.0.1.1:2222", "10.0.1.2:2222")
@@ -19,8 +19,8 @@ JOB = {"model": {"name": "mlp"}, "data": {"source": "synthetic"},
 def test_each_worker_keeps_its_variables_on_itself_and_takes_its_share():
     job = from_dict(JOB)
     plans = [collective_plan(job, Task({"worker": HOSTS}, "worker", i)) for i in range(3)]
-    assert [p.batch_size for p, _ in plans] == [22, 21, 21]
-    assert [p.shard for p, _ in plans] == [(0, 3), (1, 3), (2, 3)]
+    assert [p.process_batch_size for p, _ in plans] == [22, 21, 21]
+    assert [p.share for p, _ in plans] == [(0, 3), (1, 3), (2, 3)]
     plan, group = plans[1]
     assert plan.devices == ["/job:worker/task:1/cpu:0", "/job:worker/task:1/cpu:1"]
     assert plan.param_device == plan.aggregation == group.device == "/job:worker/task:1/cpu:0"

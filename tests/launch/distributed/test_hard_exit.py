@@ -6,7 +6,7 @@ import sys
 import textwrap
 
 import pytest
-from cli_helpers import environment
+from helpers.commands import environment
 
 from launch.errors import EXIT_PEER_UNAVAILABLE
 

@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from straggler_helpers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
+from helpers.stragglers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
 from test_horovod import needs_horovod, rank_results, start_horovodrun
 
 

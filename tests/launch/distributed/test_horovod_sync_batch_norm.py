@@ -5,7 +5,8 @@ import shutil
 
 import numpy as np
 import pytest
-from cli_helpers import checkpoint_variables, ok, run_in_process
+from helpers.checkpoints import checkpoint_variables
+from helpers.commands import ok, run_in_process
 from test_horovod import horovodrun, needs_horovod, rank_results
 
 RESNET = ["--set", "model.name=resnet20", "--set", "model.image_size=8",

@@ -1,7 +1,7 @@
 """One ps/worker job's life across separate network hosts, with links cut mid-run.
 
 Every task runs on a test host of its own (a network namespace with its own address,
-see tests/net_hosts.py), is given the others' addresses as it would be on real
+see tests/helpers/net_hosts.py), is given the others' addresses as it would be on real
 machines, and serves on port 2222 of that address. Links are cut by taking the
 host's veth down: packets vanish, as in a partition, rather than being refused.
 
@@ -26,17 +26,9 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import (
-    ROOT,
-    Process,
-    assert_nothing_lost,
-    last_json,
-    last_logged,
-    latest_step,
-    saved_steps,
-    wait_until,
-)
-from net_hosts import HostJob
+from helpers.checkpoints import assert_nothing_lost, latest_step
+from helpers.commands import ROOT, Process, last_json, last_logged, saved_steps, wait_until
+from helpers.net_hosts import HostJob
 
 pytestmark = pytest.mark.e2e
 
@@ -176,7 +168,7 @@ def sync_run_cut_short_then_for_good(life: Life) -> dict:
     the peer it lost."""
     go = life.tmp_path / "probe-go"
     probe = life.host("outsider").command(
-        sys.executable, os.path.join(ROOT, "tests", "net_probe.py"), str(go),
+        sys.executable, os.path.join(ROOT, "tests", "helpers", "net_probe.py"), str(go),
         f"{life.host('ps0').address}:2222", f"ps_grpc={life.host('ps0').address}:2222",
         f"worker_grpc={life.host('worker0').address}:2222",
         f"ps_metrics={life.host('ps0').address}:9100",

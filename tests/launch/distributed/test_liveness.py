@@ -11,7 +11,7 @@ import time
 import pytest
 
 from launch.config import from_dict
-from launch.distributed import liveness
+from launch.distributed.health import liveness
 from launch.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailable
 
 PS = {"ps 0": "10.0.0.1:2222", "ps 1": "10.0.0.2:2222"}

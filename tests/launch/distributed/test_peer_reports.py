@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.distributed.cluster_spec import Task
+from launch.distributed.cluster import Task
+from launch.distributed.health.peer_reports import PeerReports, stall_cause, worker_names
 from launch.distributed.local_cluster import free_ports
-from launch.distributed.peer_reports import PeerReports, stall_cause, worker_names
 
 V1 = tf.compat.v1
 

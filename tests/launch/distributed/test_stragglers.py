@@ -6,16 +6,15 @@ go through horovodrun's own rendezvous server, run here in this process."""
 import socket
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from helpers.scrapes import families
 
 from launch import metrics
 from launch.config import MetricsConfig
-from launch.distributed.rank_reports import RankReports
-from launch.distributed.stragglers import OwnTimes, Straggler, StragglerWatch, straggler_line
+from launch.distributed.health.rank_reports import RankReports
+from launch.distributed.health.stragglers import OwnTimes, Straggler, StragglerWatch, straggler_line
 
 
 def times(own=0.0, input_wait=0.0, compute=0.0):
@@ -58,9 +57,7 @@ def test_own_time_is_the_step_without_the_exchange_over_recent_steps():
 
 
 def straggler_series(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url, timeout=5) as page:
-        text = page.read().decode()
-    return {s.labels["peer"]: s.value for family in text_string_to_metric_families(text)
+    return {s.labels["peer"]: s.value for family in families(url)
             for s in family.samples if s.name == "towers_straggler"}
 
 

@@ -14,8 +14,8 @@ import time
 import urllib.request
 
 import pytest
-from cli_helpers import Cluster, last_json, run_in_process
-from straggler_helpers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
+from helpers.commands import Cluster, last_json, run_in_process
+from helpers.stragglers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
 
 JOB = [*SLOW_INPUT_JOB, "--set", "towers.devices=1", "--set", "train.sync=true"]
 

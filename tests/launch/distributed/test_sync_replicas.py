@@ -7,10 +7,11 @@ import time
 import tensorflow as tf
 
 from launch.config import from_dict
-from launch.distributed import sync_replicas
-from launch.distributed.cluster_spec import Task
-from launch.distributed.worker import WorkerRole, worker_plan
-from launch.runtime.train import build_training_graph
+from launch.distributed.arrangements.ps_worker import sync_replicas
+from launch.distributed.arrangements.ps_worker.plan import worker_plan
+from launch.distributed.arrangements.ps_worker.role import WorkerRole
+from launch.distributed.cluster import Task
+from launch.runtime.training_graph import build_training_graph
 
 CANCELLED = tf.errors.CancelledError(None, None, "the session closed")
 
@@ -59,6 +60,6 @@ def test_building_a_sync_workers_hooks_leaves_threading_excepthook_alone():
     role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
     before = threading.excepthook
     with tf.Graph().as_default():
-        build_training_graph(plan, role.wrap_optimizer)
+        build_training_graph(job, plan, role.wrap_optimizer)
         role.hooks(None, None)
     assert threading.excepthook is before

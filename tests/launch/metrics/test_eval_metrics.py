@@ -1,20 +1,15 @@
 """The evaluation series: each `towers eval` result's numbers as towers_eval_* gauges."""
 
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
+from helpers.scrapes import families
 
 from launch import metrics
 from launch.config import MetricsConfig, SessionConfig
 
 
-def scrape(url: str) -> dict:
+def eval_series(url: str) -> dict:
     """name -> (help, value) of every towers_eval_* sample."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {s.name: (family.documentation, s.value)
-            for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name.startswith("towers_eval_")}
+    return {s.name: (family.documentation, s.value) for family in families(url)
+            for s in family.samples if s.name.startswith("towers_eval_")}
 
 
 def test_an_eval_result_says_how_many_examples_it_scored():
@@ -24,7 +19,7 @@ def test_an_eval_result_says_how_many_examples_it_scored():
     identity = metrics.Identity("eval", 0, "r")
     with metrics.serve(MetricsConfig(port=0), identity, lambda line: None) as exporter:
         metrics.record_eval(exporter, result, 1, SessionConfig())
-        found = scrape(exporter.url)
+        found = eval_series(exporter.url)
     assert found["towers_eval_examples"] == ("Examples the last evaluation scored", 10.0)
     assert found["towers_eval_global_step"][1] == 7.0
     assert found["towers_eval_accuracy"][1] == 0.9

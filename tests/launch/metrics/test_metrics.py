@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import pytest
 import tensorflow as tf
 import yaml
-from cli_helpers import FAST, ROOT, last_json, start_towers
+from helpers.commands import FAST, ROOT, last_json, start_towers
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics

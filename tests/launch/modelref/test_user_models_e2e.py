@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from cli_helpers import ROOT, environment, last_json, ok, run_towers
+from helpers.commands import ROOT, environment, last_json, ok, run_towers
 from test_readme import snippet as readme_snippet
 
 # One fixture runs everything; on a machine other test runs share it can take longer

@@ -7,7 +7,7 @@ import os
 import socket
 
 import pytest
-from cli_helpers import ok, run_in_process
+from helpers.commands import ok, run_in_process
 
 from launch.runtime import checkpoints
 from launch.runtime.checkpoint_lock import LOCK_FILE, hold

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 
 from launch.config import from_dict
-from launch.runtime.plan import input_tensors, make_plan
+from launch.runtime.inputs import input_tensors
+from launch.runtime.plan import make_plan
 
 
 def batches_until_the_end(job, training=True, limit=100) -> int:

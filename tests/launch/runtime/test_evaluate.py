@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import ok, run_in_process
+from helpers.commands import ok, run_in_process
 
 from launch.config import from_dict
 from launch.runtime import checkpoint_lock

@@ -15,16 +15,9 @@ import subprocess
 import time
 
 import pytest
-from cli_helpers import (
-    Cluster,
-    Process,
-    assert_nothing_lost,
-    last_json,
-    ok,
-    run_towers,
-    saved_steps,
-)
-from fault_helpers import job, poisoned_csv
+from helpers.checkpoints import assert_nothing_lost
+from helpers.commands import Cluster, Process, last_json, ok, run_towers, saved_steps
+from helpers.faults import job, poisoned_csv
 
 from launch.distributed.local_cluster import free_ports
 

@@ -9,8 +9,8 @@ import tensorflow as tf
 import towers
 from launch.config import from_dict
 from launch.errors import EXIT_BAD_INPUT
-from launch.runtime.plan import BatchSizeError, input_line, make_plan
-from launch.runtime.train import build_training_graph
+from launch.runtime.plan import BatchSizeError, Share, make_plan
+from launch.runtime.training_graph import build_training_graph
 
 SMALL = {"model": {"name": "mlp", "input_dim": 4, "hidden_units": [4]},
          "data": {"source": "synthetic"}}
@@ -43,9 +43,9 @@ def test_auto_devices_are_counted_once_resolved():
 
 def test_every_process_sharing_the_batch_needs_its_towers_fed():
     job = from_dict({**SMALL, "towers": {"devices": 2}, "train": {"batch_size": 6}})
-    assert make_plan(job, processes=3).batch_size == 6
+    assert [make_plan(job, Share(i, 3)).process_batch_size for i in range(3)] == [2, 2, 2]
     with pytest.raises(BatchSizeError, match="each of 2 towers in each of 4 processes"):
-        make_plan(job, processes=4)
+        make_plan(job, Share(0, 4))
 
 
 def test_horovod_ranks_share_their_towers_as_parameter_server_and_reduce_across():
@@ -77,15 +77,6 @@ def test_the_jobs_pack_size_reaches_the_reduction_across_processes_and_not_the_p
 ])
 def test_the_global_step_is_where_the_update_mode_keeps_it(graph, towers_cfg, step_device):
     job = from_dict({**SMALL, "towers": {"devices": 2, **towers_cfg}})
-    ops, _, _ = build_training_graph(make_plan(job))
+    ops, _, _ = build_training_graph(job, make_plan(job))
     assert ops.global_step.device == step_device
     assert tf.compat.v1.train.get_global_step() is ops.global_step
-
-
-@pytest.mark.parametrize("readers, said", [(2, "every 2nd record"), (3, "every 3rd record")])
-def test_a_reader_of_a_share_of_one_file_is_told_which_records(tmp_path, readers, said):
-    (tmp_path / "one.tfrecord").write_bytes(b"")  # what the line says needs only its name
-    job = from_dict({"data": {"source": "tfrecord", "path": str(tmp_path / "one.tfrecord")}})
-    plan = dataclasses.replace(make_plan(from_dict({})), job=job, shard=(1, readers))
-    assert input_line(plan).startswith(f"input: {said} of the 1 file(s) of ")
-    assert f"(reader 2 of {readers}; fewer files than readers)" in input_line(plan)

@@ -8,7 +8,7 @@ metrics, and neither stops nor fails. A 16-bit type this CPU emulates is said at
 import numpy as np
 import pytest
 import tensorflow as tf
-from cli_helpers import checkpoint_variables
+from helpers.checkpoints import checkpoint_variables
 from prometheus_client import generate_latest
 
 from launch import devices, metrics

@@ -6,7 +6,7 @@ answering would: its batch has arrived, so the step waits for its devices."""
 import time
 
 import pytest
-from cli_helpers import Process
+from helpers.commands import Process
 
 from launch.errors import EXIT_PEER_UNAVAILABLE
 

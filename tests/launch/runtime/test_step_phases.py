@@ -6,9 +6,9 @@ import re
 
 import pytest
 import tensorflow as tf
+from helpers.tower_training import momentum, tiny_classifier
 from prometheus_client import generate_latest
 from tensorflow.core.framework.step_stats_pb2 import StepStats
-from tower_helpers import momentum, tiny_classifier
 
 import towers
 from launch import metrics

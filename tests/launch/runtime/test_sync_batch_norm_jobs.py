@@ -3,12 +3,13 @@ this process: a checkpoint directory resumes when the job switches between local
 sync batch norm, a ps/worker job refuses sync with one line, and a Keras job with
 dropout repeats for a fixed seed."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.config import from_dict
-from launch.distributed.cluster_spec import ClusterError, Task
+from launch.config import ConfigError, from_dict
 from launch.runtime.train import train
 
 RESNET = {"model": {"name": "resnet20", "image_size": 8, "base_filters": 4, "num_classes": 3},
@@ -35,13 +36,12 @@ def test_a_sync_jobs_checkpoint_resumes_with_local_batch_norm(tmp_path):
 
 
 def test_a_ps_worker_job_refuses_sync_batch_norm_naming_the_key():
-    from launch.distributed.worker import worker_plan
-
-    job = from_dict({**RESNET, "towers": {"devices": 2, "batch_norm": "sync"}})
-    task = Task({"ps": ("127.0.0.1:2222",), "worker": ("127.0.0.1:2223",)}, "worker", 0)
-    with pytest.raises(ClusterError, match=r"^towers.batch_norm: sync is not available in "
-                                           r"ps/worker jobs.*use local, or --backend horovod"):
-        worker_plan(job, task)
+    raw = {**RESNET, "towers": {"devices": 2, "batch_norm": "sync"}}
+    with pytest.raises(ConfigError) as raised:
+        from_dict(raw, arrangement=lambda job: "ps_worker")
+    assert raised.value.key == "towers.batch_norm"
+    assert re.match(r"^sync is not available in ps/worker jobs.*use local, or --backend horovod",
+                    raised.value.message)
 
 
 KERAS_MODEL = '''

@@ -6,7 +6,7 @@ import json
 from collections import defaultdict
 
 import pytest
-from cli_helpers import run_in_process
+from helpers.commands import run_in_process
 
 from launch.config import from_dict
 from launch.runtime.train import train

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from launch.distributed.cluster_spec import Task
-from launch.distributed.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
+from launch.distributed.cluster import Task
+from launch.distributed.health.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
 
 V1 = tf.compat.v1
 

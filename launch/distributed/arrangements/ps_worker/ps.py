@@ -9,21 +9,22 @@ import tensorflow as tf
 
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed.cluster_spec import Task
-from launch.distributed.ending import finished_queue
-from launch.distributed.liveness import Liveness, ps_rule
-from launch.distributed.server import start_server
-from launch.distributed.worker import identity, worker_plan
+from launch.distributed.arrangements.ps_worker.plan import worker_plan
+from launch.distributed.cluster import Task
+from launch.distributed.cluster.server import start_server
+from launch.distributed.health.ending import finished_queue
+from launch.distributed.health.liveness import Liveness, ps_rule
 from launch.log import log
 from launch.runtime.signals import StopSignals, ignore_from_now
-from launch.runtime.train import build_training_graph
+from launch.runtime.training_graph import build_training_graph
 
 V1 = tf.compat.v1
 
 
 def run_ps(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Serve variables until every worker has reported finished (or the grace runs out)."""
-    with metrics.serve(job.metrics, identity(job, task), write) as exporter:
+    identity = metrics.Identity(task.job_name, task.task_index, job.run.name)
+    with metrics.serve(job.metrics, identity, write) as exporter:
         if exporter is not None:
             exporter.gauge(
                 "towers_ps_variable_bytes", "Bytes of variables (and optimizer slots) on this ps"
@@ -41,7 +42,7 @@ def hosted_bytes(job: JobConfig, task: Task) -> int:
     chief = Task(task.cluster, "chief" if "chief" in task.cluster else "worker", 0)
     graph = tf.Graph()
     with graph.as_default():
-        build_training_graph(worker_plan(job, chief))
+        build_training_graph(job, worker_plan(job, chief))
         held = 0
         for var in V1.global_variables():
             spec = tf.DeviceSpec.from_string(var.device)

@@ -1,4 +1,9 @@
-"""TFRecord sources: read ``tf.train.Example`` files by schema, and check them up front.
+"""``data.source: tfrecord``: sharded files of ``tf.train.Example``, read in parallel by
+schema (``data.schema``, :mod:`launch.data.record_schema`), and checked up front.
+
+Without a schema a record holds a ``features`` float list (int64 for integer specs) and
+a ``label`` or ``labels`` int64 list, the layout ``towers data convert -c job.yaml``
+writes.
 
 Numeric features (float, int) and raw pixels (uint8) are parsed a whole batch at a
 time by ``parse_example``; encoded images are parsed and decoded one record at a time
@@ -20,17 +25,27 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from launch.config import ImageConfig
+from launch.config import PIXEL_KINDS, ImageConfig
 from launch.data import images
 from launch.data.errors import DataError
-from launch.data.formats import read_error
-from launch.data.record_schema import RecordSchema, check_example, legacy_label_key
+from launch.data.formats import describe, read_error
+from launch.data.record_schema import (
+    LEGACY_LABEL_KEYS,
+    RecordSchema,
+    check_example,
+    legacy_label_key,
+    legacy_schema,
+    parse_example_proto,
+    record_schema,
+)
 from launch.data.skips import RecordGaps
+from launch.data.sources.base import DataSpec, Shard, Source
 from launch.data.stream import (
     ORIGIN_FILE,
     Pipeline,
     batched,
     checked_labels,
+    files_of_shard,
     finish_batch,
     interleave_files,
     per_record,
@@ -41,6 +56,63 @@ from models import InputSpec
 # check_tfrecord_files parses (and decodes, for images) this many records at the start
 # of every file; the CRC of every record is checked regardless.
 CHECK_RECORDS = 8
+
+
+class TfRecord(Source):
+    """Records laid out as data.schema says: numeric lists, raw pixels or encoded JPEG/PNG
+    images (decoded, augmented and normalised as data.image says). A reader's share is
+    its files when there are enough of them, else every n-th record."""
+
+    name = "tfrecord"
+    shards_files = True
+
+    def data_spec(self) -> DataSpec:
+        """data.schema's shapes, dtypes and classes; without one, the first record's."""
+        schema = self.cfg.schema
+        if schema is None:
+            return _first_record_spec(self.files(), describe(self.paths(), self.files()))
+        return DataSpec("data.schema", schema.shape,
+                        tf.int32 if schema.kind == "int" else tf.float32, schema.label_shape,
+                        schema.num_classes, exact=schema.kind in PIXEL_KINDS)
+
+    def record_schema(self, files: list[str], spec: InputSpec, where: str) -> RecordSchema:
+        """How to read each record for ``spec``: data.schema, or the layout without one."""
+        if self.cfg.schema is None:
+            return legacy_schema(spec, first_label_key(files, where))
+        return record_schema(self.cfg.schema, spec)
+
+    def check(self, spec: InputSpec, *, training: bool = True, shard: Shard = (0, 1)) -> None:
+        """Every record of this reader's files (CRCs, the schema; images decoded in the
+        first CHECK_RECORDS of each), naming the file and record of a bad one."""
+        paths, files = self.paths(training), self.files(training)
+        mine = files_of_shard(files, shard) or files
+        check_tfrecord_files(mine, self.record_schema(files, spec, describe(paths, files)),
+                             describe(paths, mine), skip=self.skips())
+
+    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
+        """The cheap check first (the first record matches the schema), then the files."""
+        files = self.files(p.training)
+        where = describe(self.paths(p.training), files)
+        schema = self.record_schema(files, spec, where)
+        check_first_record(files, schema, where)
+        return tfrecord_dataset(files, schema, spec, self.cfg.image, where, p)
+
+
+def _first_record_spec(files: list[str], where: str) -> DataSpec:
+    """What a TFRecord without a schema says: the first record's list lengths and kinds."""
+    where, record = first_record(files, where)
+    feature_map = parse_example_proto(where, record)
+    if "features" not in feature_map:
+        return DataSpec(where)
+    kind = feature_map["features"].WhichOneof("kind")
+    values = getattr(feature_map["features"], kind).value
+    dtype = {"float_list": tf.float32, "int64_list": tf.int32}.get(kind)
+    label_key = next((key for key in LEGACY_LABEL_KEYS if key in feature_map), None)
+    label_shape = None
+    if label_key is not None:
+        count = len(feature_map[label_key].int64_list.value)
+        label_shape = () if label_key == "label" and count == 1 else (count,)
+    return DataSpec(where, (len(values),), dtype, label_shape)
 
 
 def tfrecord_dataset(files: list[str], schema: RecordSchema, spec: InputSpec,
@@ -174,5 +246,6 @@ def first_label_key(files: list[str], where: str) -> str:
 
 
 def check_first_record(files: list[str], schema: RecordSchema, where: str) -> None:
-    """The cheap check make_dataset does: the first record matches the schema."""
+    """The cheap check a pipeline makes as it is built: the first record matches the
+    schema."""
     check_example(*first_record(files, where), schema)

@@ -1,4 +1,5 @@
-"""A worker of a job with no ps tasks: a full copy of the variables on every worker, the
+"""``cluster.backend: collective``, a job with no ps tasks: a full copy of the variables on
+every worker, the
 workers' gradients all-reduced with TensorFlow's collective ops over the gRPC servers
 the job already runs (towers.collectives), synchronous by construction.
 
@@ -25,51 +26,27 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import ClusterConfig, JobConfig
-from launch.distributed.cluster_spec import ClusterError, Task, wait_for_peers
-from launch.distributed.liveness import not_answering
-from launch.distributed.server import start_server
-from launch.distributed.step_deadline import StepDeadline, stuck_step
-from launch.distributed.stop_vote import StopVoteHook
+from launch.config.arrangements import CollectiveRules
+from launch.distributed.cluster import Task
+from launch.distributed.cluster.peers import wait_for_peers
+from launch.distributed.cluster.server import start_server
+from launch.distributed.health.liveness import not_answering
+from launch.distributed.health.step_deadline import StepDeadline, stuck_step
+from launch.distributed.health.stop_vote import StopVoteHook
 from launch.errors import PeerUnavailable
 from launch.log import log
-from launch.runtime.plan import Plan, make_plan
+from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.train import train
 
 V1 = tf.compat.v1
 
-_NO_BACKUPS = ("train.backup_workers: a collective job (no ps tasks) steps every worker "
-               "together and has no backup workers; set it to 0, or add ps tasks")
-_NO_EPOCHS = ("data.epochs: the workers of a collective job (no ps tasks) step together "
-              "and their shards of the data may end at different steps; bound the job with "
-              "train.steps, or add ps tasks")
-_NO_SYNC_BATCH_NORM = ("towers.batch_norm: sync is not available in a collective job (no ps "
-                       "tasks): each worker would normalize by its own share; use local, "
-                       "or --backend horovod")
-_SHARING = ("towers.variable_update: the towers inside each worker of a collective job (no "
-            "ps tasks) share as parameter_server does; use parameter_server, not {}")
-
-
-def check_job(job: JobConfig) -> None:
-    """What a collective job cannot do, each one line naming the key."""
-    if job.towers.variable_update != "parameter_server":
-        raise ClusterError(_SHARING.format(job.towers.variable_update))
-    if job.train.backup_workers:
-        raise ClusterError(_NO_BACKUPS)
-    if job.towers.batch_norm == "sync":
-        raise ClusterError(_NO_SYNC_BATCH_NORM)
-    if job.data.epochs:
-        raise ClusterError(_NO_EPOCHS)
-
-
 def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.CollectiveGroup]:
     """This worker's plan (its towers on its devices, its copy of the variables beside
     them, its share of the batch and data) and the collective group it reduces in."""
-    check_job(job)
-    base = make_plan(job, processes=task.num_workers)
+    base = make_plan(job, Share(*task.share))
     global_batch = job.train.batch_size
-    batch = towers.shard_sizes(global_batch, task.num_workers)[task.worker_rank]
     devices = [f"{task.device}{d}" for d in base.devices]
     param = base.param_device
     if param != "least_loaded":
@@ -84,9 +61,8 @@ def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.Collective
         param_device=param,
         host=f"{task.device}/cpu:0",
         aggregation=home,
-        batch_size=batch,
-        shard=(task.worker_rank, task.num_workers),
-        reduce_gradients=towers.weighted_all_reduce(group, batch / global_batch),
+        reduce_gradients=towers.weighted_all_reduce(group,
+                                                    base.process_batch_size / global_batch),
         step_examples=global_batch,
         session=collective_session(base.session, task, job.cluster),
     )
@@ -197,15 +173,22 @@ class CollectiveRole(Role):
                 "workers": self._task.num_workers}
 
 
-def run_collective_worker(job: JobConfig, task: Task, metrics_identity: metrics.Identity,
-                          write: Callable[[str], None] = log) -> dict:
+class Collective(CollectiveRules):
+    """A collective job: every task a worker, training in step with the others."""
+
+    def run(self, job: JobConfig, task: Task | None, write: Callable[[str], None] = log) -> dict:
+        return run_collective_worker(job, task, write)
+
+
+def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -> dict:
     """Train as this worker of a collective job; metrics (if on) start first."""
-    with metrics.serve(job.metrics, metrics_identity, write) as exporter:
+    identity = metrics.Identity(task.job_name, task.task_index, job.run.name)
+    with metrics.serve(job.metrics, identity, write) as exporter:
         plan, group = collective_plan(job, task)
         server = start_server(task, plan.session, write)
         wait_for_peers(peers(task), job.cluster.startup_timeout_secs, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
-              f"{plan.batch_size} of every {job.train.batch_size} examples, data shard "
+              f"{plan.process_batch_size} of every {job.train.batch_size} examples, data shard "
               f"{task.worker_rank}; no ps tasks: variables on every worker, gradients "
               f"all-reduced by collective ops ({group.communication})")
         role = CollectiveRole(job, task, server, group)

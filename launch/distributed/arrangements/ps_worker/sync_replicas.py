@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import tensorflow as tf
 
-from launch.distributed.cluster_spec import ClusterError, Task
+from launch.distributed.cluster import ClusterError, Task
 
 V1 = tf.compat.v1
 

@@ -1,4 +1,5 @@
-"""`towers train` under horovodrun: one process per rank, gradients all-reduced by Horovod.
+"""``cluster.backend: horovod``, `towers train` under horovodrun: one process per rank,
+gradients all-reduced by Horovod.
 
     horovodrun -np 2 -H localhost:2 towers train -c job.yaml --backend horovod
 
@@ -24,13 +25,15 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
+from launch.config.arrangements import HorovodRules
 from launch.devices import DeviceError
-from launch.distributed.rank_reports import RankReports, rendezvous_url
-from launch.distributed.stop_vote import StopVoteHook
-from launch.distributed.stragglers import StragglerWatch
+from launch.distributed.cluster import Task
+from launch.distributed.health.rank_reports import RankReports, rendezvous_url
+from launch.distributed.health.stop_vote import StopVoteHook
+from launch.distributed.health.stragglers import StragglerWatch
 from launch.errors import BadInput
 from launch.log import log
-from launch.runtime.plan import Plan, make_plan
+from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
 from launch.runtime.train import train as train_job
@@ -76,20 +79,10 @@ def rank_job(job: JobConfig, rank: Rank, num_host_gpus: int) -> JobConfig:
     Each rank pins towers.devices GPUs (1 for auto) starting at local_rank times
     that many, so ranks on one host never share a GPU. On a host without GPUs a
     rank builds its towers on CPU devices (1 for auto: one process per rank).
+    What a job cannot do under Horovod was refused as it loaded (HorovodRules.check):
+    towers.devices is a count here, or auto.
     """
-    if job.towers.gradient_dtype == "bfloat16":
-        raise HorovodError(
-            "towers.gradient_dtype: Horovod has no bfloat16 all-reduce; send 16-bit "
-            "gradients as float16 (Horovod's fp16 compression) or float32"
-        )
-    count = job.towers.devices
-    if count == "auto":
-        count = 1
-    if not isinstance(count, int):
-        raise HorovodError(
-            "towers.devices: under horovod give a count of devices per rank (or auto), "
-            f"not a list ({', '.join(count)}); each rank picks its own by local_rank"
-        )
+    count = 1 if job.towers.devices == "auto" else job.towers.devices
     session = job.session
     if num_host_gpus:
         first = rank.local_rank * count
@@ -115,14 +108,11 @@ def rank_job(job: JobConfig, rank: Rank, num_host_gpus: int) -> JobConfig:
 
 def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
     """The in-process plan for this rank's towers, fed this rank's share of each batch."""
-    plan = make_plan(job, processes=rank.size)
+    plan = make_plan(job, Share(rank.rank, rank.size))
     batch = job.train.batch_size
-    local = towers.shard_sizes(batch, rank.size)[rank.rank]
     return dataclasses.replace(
         plan,
-        batch_size=local,
-        shard=(rank.rank, rank.size),
-        reduce_gradients=all_reduce(hvd, share=local / batch),
+        reduce_gradients=all_reduce(hvd, share=plan.process_batch_size / batch),
         step_examples=batch,
         sum_across_processes=sum_over_ranks(hvd),
         pack_bytes=0,  # Horovod fuses tensors itself (HOROVOD_FUSION_THRESHOLD)
@@ -227,6 +217,14 @@ class HorovodRole(Role):
         return {**result, "rank": self._rank.rank, "size": self._rank.size}
 
 
+class Horovod(HorovodRules):
+    """Horovod ranks: each `towers train` process under horovodrun is one."""
+
+    def run(self, job: JobConfig, task: Task | None = None,
+            write: Callable[[str], None] = log) -> dict:
+        return train(job, write)
+
+
 def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
     """Run this process's rank of a Horovod job; return its final record with rank and size."""
     hvd = load()
@@ -240,7 +238,7 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
     with metrics.serve(job.metrics, identity, write) as exporter:
         plan = rank_plan(job, rank, hvd)
         write(f"horovod {version()}: rank {rank.rank} of {rank.size}, "
-              f"{plan.batch_size} of every {job.train.batch_size} examples")
+              f"{plan.process_batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank, job, write, exporter)
         return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
-from launch.distributed.cluster_spec import Task
+from launch.distributed.cluster import Task
 from launch.errors import Diverged
 from launch.runtime.hooks import DataEndHook
 

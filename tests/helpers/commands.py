@@ -1,7 +1,6 @@
 """Running the real `towers` command in a subprocess, as a user would, or in this process."""
 
 import contextlib
-import glob
 import io
 import json
 import os
@@ -10,12 +9,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import tensorflow as tf
-
 from launch.distributed.local_cluster import free_ports
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Small, fast settings for the built-in convnet job; tests add their own on top.
 FAST = [
@@ -201,32 +197,3 @@ def wait_until(condition, what, timeout=120):
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
-
-
-def checkpoint_variables(ckpt, prefix: str = "") -> dict[str, np.ndarray]:
-    """The variables of the latest checkpoint in `ckpt` whose names start with `prefix`."""
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(ckpt)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if name.startswith(prefix)}
-
-
-def latest_step(ckpt) -> int:
-    latest = tf.train.latest_checkpoint(str(ckpt))
-    assert latest, f"no checkpoint in {ckpt}"
-    return int(tf.train.load_variable(latest, "global_step"))
-
-
-def assert_nothing_lost(ckpt, at_least: int) -> int:
-    """Every checkpoint in the directory restores and is finite; the latest is >= at_least."""
-    prefixes = {p[: -len(".index")] for p in glob.glob(os.path.join(str(ckpt), "*.index"))}
-    state = tf.train.get_checkpoint_state(str(ckpt))
-    prefixes.update(state.all_model_checkpoint_paths)
-    assert prefixes
-    for prefix in prefixes:
-        reader = tf.train.load_checkpoint(prefix)
-        for name in reader.get_variable_to_shape_map():
-            value = reader.get_tensor(name)
-            assert np.isfinite(value).all(), f"{prefix}: {name} holds NaN or Inf"
-    step = latest_step(ckpt)
-    assert step >= at_least, (step, at_least)
-    return step

@@ -23,7 +23,7 @@ import signal
 import subprocess
 from dataclasses import dataclass, field
 
-from cli_helpers import Process
+from helpers.commands import Process
 
 PREFIX = "towers"  # namespaces: towers-<pid>-<tag>-<host>
 _NAMESPACE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-\w+$")

@@ -4,7 +4,7 @@ JPEG TFRecords one record at a time, so a process given large JPEGs waits on its
 while the others do not; no end of its own (the tests end it by signals); the phases
 sampled often and stragglers judged after 20 steps, so both show within seconds."""
 
-from data_helpers import class_images, encode, image_feature_map, write_examples
+from helpers.data_files import class_images, encode, image_feature_map, write_examples
 
 WARNING_SECS = 3
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from launch.config import ClusterConfig
-from launch.distributed.cluster_spec import Task
-from launch.distributed.liveness import not_answering
+from launch.distributed.cluster import Task
+from launch.distributed.health.liveness import not_answering
 
 V1 = tf.compat.v1
 

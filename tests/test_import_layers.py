@@ -22,7 +22,13 @@ LAUNCH_LAYERS = [
     ("launch.devices",),
     ("launch.data", "launch.metrics", "launch.modelref", "launch.kernels"),
     ("launch.runtime",),
-    ("launch.distributed",),
+    # distributed/, lowest first: who is who in a cluster; the health of a job of several
+    # processes (liveness, stalls, stragglers, stop votes, deadlines, how it ends); the
+    # arrangements that run them; local-cluster, which starts a whole job's tasks.
+    ("launch.distributed.cluster",),
+    ("launch.distributed.health",),
+    ("launch.distributed.arrangements",),
+    ("launch.distributed.local_cluster",),
     ("launch.bench",),
     ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
 ]
@@ -164,3 +170,46 @@ def test_no_module_is_longer_than_400_lines():
     """A module one can read at once; past this, it is doing more than one thing."""
     long = {m: n for m in module_names() if (n := len(source_of(m).splitlines())) > 400}
     assert long == {}
+
+
+def test_each_source_and_arrangement_is_found_by_one_name_in_each_layer():
+    """A data source or an arrangement is one module per layer, of the same name: its
+    job-file side a line of launch/config (no TensorFlow), what it does a module of
+    launch/data/sources/ or launch/distributed/arrangements/."""
+    from launch.config import ARRANGEMENTS as JOB_FILE_ARRANGEMENTS
+    from launch.config import SOURCE_KEYS
+    from launch.data.sources import SOURCES
+    from launch.distributed.arrangements import ARRANGEMENTS
+
+    assert list(SOURCES) == list(SOURCE_KEYS)
+    assert [s.__module__ for s in SOURCES.values()] == [
+        f"launch.data.sources.{name}" for name in SOURCES]
+    assert list(ARRANGEMENTS) == list(JOB_FILE_ARRANGEMENTS)
+    for name, arrangement in ARRANGEMENTS.items():
+        assert arrangement.__module__ == f"launch.distributed.arrangements.{name}"
+        assert isinstance(arrangement(), type(JOB_FILE_ARRANGEMENTS[name]))
+
+
+@pytest.mark.e2e
+def test_a_job_and_its_cluster_are_checked_without_tensorflow():
+    """The job file, the arrangement a command runs it under and what that refuses, and
+    the cluster from its sources: all before TensorFlow's seconds of import."""
+    import subprocess
+    import sys
+
+    from helpers.commands import environment
+
+    code = (
+        "import sys\n"
+        "from launch.config import ConfigError, choose, load_job\n"
+        "from launch.distributed import cluster\n"
+        "def worker(job):\n"
+        "    task = cluster.resolve(job.cluster, cluster.Flags(task_index=0), 'worker', {})\n"
+        "    return choose(job.cluster.backend, 'worker', task.cluster)\n"
+        "try:\n"
+        "    load_job(None, ['cluster.worker=[h:1, h:2]', 'data.epochs=1'], arrangement=worker)\n"
+        "except ConfigError as err:\n"
+        "    print(err.key, 'tensorflow' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["data.epochs", "False"], done.stderr[-2000:]

@@ -9,13 +9,13 @@ import tensorflow as tf
 import towers
 from launch import metrics
 from launch.config import JobConfig
-from launch.distributed import sync_replicas
-from launch.distributed.chief_wait import wait_for_chief
-from launch.distributed.cluster_spec import Task
-from launch.distributed.ending import JobEndHook, report_finished, tell_diverged
-from launch.distributed.peer_reports import PeerReportHook, PeerReports, stall_cause
-from launch.distributed.step_deadline import StepDeadline
-from launch.distributed.stragglers import StragglerWatch
+from launch.distributed.arrangements.ps_worker import sync_replicas
+from launch.distributed.arrangements.ps_worker.chief_wait import wait_for_chief
+from launch.distributed.cluster import Task
+from launch.distributed.health.ending import JobEndHook, report_finished, tell_diverged
+from launch.distributed.health.peer_reports import PeerReportHook, PeerReports, stall_cause
+from launch.distributed.health.step_deadline import StepDeadline
+from launch.distributed.health.stragglers import StragglerWatch
 from launch.log import log
 from launch.runtime.role import Role
 

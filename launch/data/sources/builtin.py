@@ -1,5 +1,5 @@
-"""The builtin source: a learnable data set generated in-process with numpy from ``seed``
-(see :func:`builtin_arrays`); ``training=False`` gives the held-out split.
+"""``data.source: builtin``: a learnable data set generated in-process with numpy from
+``data.seed`` (see :func:`builtin_arrays`); the evaluation data is its held-out split.
 """
 
 from __future__ import annotations
@@ -7,11 +7,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import tensorflow as tf
 
 from launch.data.errors import DataError
+from launch.data.sources.base import Source, generated_batches
+from launch.data.stream import Pipeline, array_dataset
 from models import InputSpec
 
-__all__ = ["MAX_BUILTIN_BYTES", "builtin_arrays"]
+__all__ = ["MAX_BUILTIN_BYTES", "Builtin", "builtin_arrays"]
 
 MAX_BUILTIN_BYTES = 4 << 30  # builtin_arrays refuses data sets larger than this (bytes)
 
@@ -20,6 +23,29 @@ _DISTRACTORS = 256  # pool of random strokes, one added to every image
 _NOISE = 0.5  # std of the Gaussian pixel noise
 _SUCCESSOR_PROBS = (0.6, 0.25, 0.1, 0.05)  # 3 likely next tokens, then any token
 _MIN_IMAGE_SIDE = 8
+
+
+class Builtin(Source):
+    """data.num_examples examples of the model's spec, training ones or held-out ones."""
+
+    name = "builtin"
+    generated = True
+
+    def check(self, spec: InputSpec, *, training: bool = True, shard=(0, 1)) -> None:
+        builtin_kind(spec)
+
+    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
+        cfg = self.cfg
+        return array_dataset(*builtin_arrays(spec, cfg.num_examples, cfg.seed, p.training),
+                             spec, p)
+
+    def eval_batches(self, steps: int | None, batch_size: int) -> tuple[int, str]:
+        batches, why = generated_batches(steps)
+        held_out = self.cfg.num_examples
+        return batches, (f"data.source builtin generates {held_out} held-out examples "
+                         f"(data.num_examples): an evaluation scores the first "
+                         f"{min(held_out, batches * batch_size)}, at most {batches} batches "
+                         f"of {batch_size} ({why})")
 
 
 def builtin_arrays(spec: InputSpec, num_examples: int = 20000, seed: int = 0,

@@ -1,8 +1,8 @@
-"""Synchronous 2-worker jobs across test hosts (network namespaces, tests/net_hosts.py):
+"""Synchronous 2-worker jobs across test hosts (network namespaces, net_hosts.py here):
 1 ps + 2 workers against 2 workers without ps tasks (collective all-reduce), each with
 gradients packed and unpacked, in interleaved rounds. Needs root.
 
-    sudo python tests/bench_hosts.py --model resnet20 --rounds 3
+    sudo python tests/helpers/bench_hosts.py --model resnet20 --rounds 3
 
 Every task runs on a host of its own and reaches the others through a veth pair and a
 bridge, as separate machines do (on this machine's cores: the network path differs
@@ -25,10 +25,10 @@ import tempfile
 from pathlib import Path
 
 # The repository first (tests/launch would shadow the package), then tests/ for its helpers.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:1] = [os.path.dirname(HERE), HERE]
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:1] = [os.path.dirname(TESTS), TESTS]
 
-from net_hosts import HostJob, TestNetwork, why_unavailable  # noqa: E402
+from helpers.net_hosts import HostJob, TestNetwork, why_unavailable  # noqa: E402
 
 MODES = {"ps_worker": 1, "collective": 0}  # mode: ps tasks
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 import tensorflow as tf
 
-from launch.distributed.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
+from launch.distributed.health.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
 
 V1 = tf.compat.v1
 

@@ -1,6 +1,6 @@
 """Which peers of a ps/worker job answer, since when, and when a task gives up on them.
 
-A peer answers when it accepts a TCP connection (cluster_spec.accepts). One that
+A peer answers when it accepts a TCP connection (launch.distributed.cluster.peers.accepts). One that
 does not is silent from the first look at which it did not answer until a look
 at which it does; peers count as answering when the watch begins. A `Rule` says
 when silence ends the task, and the two tasks that watch their peers differ only
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from launch.config import ClusterConfig
-from launch.distributed.cluster_spec import accepts
+from launch.distributed.cluster.peers import accepts
 from launch.errors import PeerUnavailable
 from launch.log import log
 

@@ -1,0 +1,98 @@
+"""The training graph of a job: input, towers, optimizer, summaries, warm start, saver."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import tensorflow as tf
+
+import towers
+from launch import data
+from launch.config import JobConfig
+from launch.log import log
+from launch.runtime import checkpoints
+from launch.runtime.input_watch import count_batches
+from launch.runtime.inputs import input_tensors
+from launch.runtime.optim import learning_rate, make_optimizer
+from launch.runtime.plan import Plan
+
+V1 = tf.compat.v1
+
+
+OptimizerWrapper = Callable[[V1.train.Optimizer], V1.train.Optimizer]
+
+
+def build_training_graph(
+    job: JobConfig, plan: Plan, wrap_optimizer: OptimizerWrapper | None = None,
+    skipped: data.SkippedRecords | None = None,
+) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
+    """The whole training graph of ``job`` as ``plan`` places it, in the default graph;
+    returns ops, scaffold, learning rate.
+
+    wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
+    skipped: counts the input records skipped (data.on_bad_record: skip).
+    """
+    # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
+    # the seed's own: otherwise every rank would apply the same dropout masks. Initial
+    # values need not agree (rank 0's are broadcast, the chief's are the ps's).
+    seed = job.train.seed + plan.share.index
+    V1.set_random_seed(seed)
+    # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
+    random.seed(seed)
+    features, labels = input_tensors(plan, training=True,
+                                     batch_size=plan.process_batch_size, skipped=skipped)
+    mode = plan.variable_update()
+    with V1.device(mode.step_device(plan.devices)):
+        global_step = V1.train.get_or_create_global_step()
+    rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
+    optimizer = make_optimizer(job.optimizer, rate)
+    if wrap_optimizer is not None:
+        optimizer = wrap_optimizer(optimizer)
+    ops = towers.build_train_op(
+        plan.model.model_fn,
+        features,
+        labels,
+        optimizer,
+        plan.devices,
+        variable_update=mode,
+        clip_norm=job.optimizer.clip_norm,
+        global_step=global_step,
+        nonfinite="raise" if job.train.on_nonfinite == "stop" else "skip",
+        precision=plan.precision,
+        accumulate_steps=job.train.accumulate_steps,
+        xla=job.towers.xla,
+        batch_norm=job.towers.batch_norm,
+    )
+    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
+    _add_summaries(ops, rate, job.train.histograms)
+    if job.train.warm_start is not None:
+        model_vars = [
+            v
+            for v in V1.global_variables()
+            if v not in optimizer.variables() and v is not global_step
+        ]
+        checkpoints.warm_start(job.train.warm_start, model_vars, log)
+    saver = V1.train.Saver(
+        max_to_keep=job.train.max_to_keep,
+        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
+        save_relative_paths=True,
+    )
+    scaffold = V1.train.Scaffold(
+        saver=saver,
+        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
+    )
+    return ops, scaffold, rate
+
+
+def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:
+    V1.summary.scalar("loss", ops.loss)
+    V1.summary.scalar("learning_rate", rate)
+    V1.summary.scalar("gradient_norm", ops.gradient_norm)
+    if ops.loss_scale is not None:
+        V1.summary.scalar("loss_scale", ops.loss_scale)
+    for name, value in ops.metrics.items():
+        V1.summary.scalar(name, value)
+    if histograms:
+        for var in V1.trainable_variables():
+            V1.summary.histogram(var.op.name, var)
