@@ -390,8 +390,8 @@ def test_rows_that_stop_answering_are_reported_and_the_others_measured(tmp_path)
         towers_command("bench", "--set", "model.name=stalling_net:build",
                        "--set", f"model.path={tmp_path}", "--set", f"model.marks={tmp_path}/marks",
                        "--set", "model.warmup=1", "--batch", "8", "--steps", "2", "--warmup", "1",
-                       "--repeats", "2", "--towers", "1,2", "--modes", "parameter_server,replicated",
-                       "--timeout", "25"),
+                       "--repeats", "2", "--towers", "1,2",
+                       "--modes", "parameter_server,replicated", "--timeout", "25"),
         env=environment(), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
     assert result.returncode == 1, result.stderr[-3000:]  # rows failed: the table says why
     assert "Traceback" not in result.stderr

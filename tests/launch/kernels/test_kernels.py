@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 import tensorflow as tf
-from tower_helpers import momentum
+from helpers.tower_training import momentum
 
 import models
 import towers
