@@ -72,4 +72,10 @@ def startup_note(train_op, precision: str, devices: Sequence[str], tower_batch: 
     counts = kernels_of(ops_run_by(train_op), tower_batch)
     if not counts:
         return None
-    return precision_note(precision, probe(counts, number_type, cache_dir=cache_dir))
+    note = precision_note(precision, probe(counts, number_type, cache_dir=cache_dir))
+    from launch.devices import NATIVE_FLAGS, native_flags  # imports TensorFlow
+
+    if note and not native_flags(number_type):
+        note += (f"; this CPU has none of {', '.join(NATIVE_FLAGS[number_type])}, so "
+                 f"TensorFlow emulates {number_type}")
+    return note

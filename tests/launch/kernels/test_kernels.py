@@ -134,7 +134,8 @@ def test_a_16_bit_job_whose_kernels_are_not_slower_hears_nothing(overall):
 
 def test_the_warning_is_for_16_bit_cpu_towers_only(tmp_path):
     _, train_op = convnet_step()
-    for precision, devices in (("float32", ["/cpu:0"]), ("mixed_bfloat16", ["/gpu:0"])):
+    for precision, devices in (("float32", ["/cpu:0"]), ("mixed_bfloat16", ["/gpu:0"]),
+                               ("mixed_float16", ["/job:worker/task:1/device:GPU:0"])):
         assert kernels.startup_note(train_op, precision, devices, 4, str(tmp_path)) is None
     assert not list(tmp_path.iterdir())  # nothing was probed
 
