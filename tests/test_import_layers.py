@@ -29,7 +29,7 @@ LAUNCH_LAYERS = [
     ("launch.distributed.health",),
     ("launch.distributed.arrangements",),
     ("launch.distributed.local_cluster",),
-    ("launch.bench",),
+    ("launch.bench", "launch.tune"),
     ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
 ]
 # The project's own layers: launch builds on models and towers, models on towers.

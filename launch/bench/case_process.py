@@ -27,6 +27,7 @@ import traceback
 
 from launch.bench.cases import BuiltCase, build_towers_case
 from launch.bench.input_case import build_input_case
+from launch.bench.job_case import build_job_case
 from launch.bench.mirrored import build_mirrored_case
 from launch.bench.settings import FLOAT32, RUN_TIMEOUT_SECS, Settings, Variant
 from launch.config import ModelConfig
@@ -52,6 +53,8 @@ def build_case(spec: dict) -> BuiltCase:
         use_graph_mode()
     if spec.get("input"):
         return build_input_case(spec)
+    if "overrides" in spec:
+        return build_job_case(spec)
     from launch import modelref
 
     model = modelref.resolve(ModelConfig(spec["model"], spec["params"], spec["model_path"],

@@ -47,6 +47,7 @@ from launch.config.loading import (
     dump_yaml,
     from_dict,
     load_job,
+    raw_job,
     to_dict,
 )
 from launch.config.model_section import ModelConfig
@@ -91,5 +92,6 @@ __all__ = [
     "dump_yaml",
     "from_dict",
     "load_job",
+    "raw_job",
     "to_dict",
 ]

@@ -350,6 +350,17 @@ def load_job(
     return _make_job(raw, source, overridden, check_model, job_dir, arrangement)
 
 
+def raw_job(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The job as written: the file's mapping (``path=None``: the built-in job's, empty)
+    with the overrides applied, unchecked and without defaults (a tool that writes a job
+    file, `towers tune`, changes it and writes it back)."""
+    raw = {} if path is None else _read_file(str(path))
+    raw = raw if isinstance(raw, dict) else {}
+    for override in overrides:
+        _apply_override(raw, override)
+    return raw
+
+
 def from_dict(
     data: Mapping[str, Any],
     *,
@@ -387,9 +398,10 @@ def derived_comments(job: JobConfig) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def dump_yaml(job: JobConfig) -> str:
-    """The resolved job as YAML text that load_job reads back to an equal JobConfig."""
+def dump_yaml(job: JobConfig | Mapping[str, Any]) -> str:
+    """The resolved job (or a raw one, raw_job's) as YAML text that load_job reads back
+    to an equal JobConfig."""
     return yaml.dump(
-        to_dict(job), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-        allow_unicode=True,
+        to_dict(job) if isinstance(job, JobConfig) else job, Dumper=_Dumper,
+        sort_keys=False, default_flow_style=False, allow_unicode=True,
     )
