@@ -190,13 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows with each towers.pack_gradients_bytes (default: the "
                         "job's); 0 sends gradients unpacked. It changes the collective "
                         "rows only (nothing else is packed)")
-    parser.add_argument("--steps", type=int, metavar="N",
-                        help=f"steps per timed block (default {DEFAULTS['steps']})")
-    parser.add_argument("--warmup", type=int, metavar="N",
-                        help=f"steps discarded first (default {DEFAULTS['warmup']})")
-    parser.add_argument("--repeats", type=int, metavar="N",
-                        help="timed blocks per row, interleaved across rows "
-                        f"(default {DEFAULTS['repeats']})")
+    add_block_arguments(parser, DEFAULTS, "row")
     parser.add_argument("--runs", type=int, metavar="N",
                         help="whole runs per ps_worker/horovod row (default: --repeats)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS",
@@ -223,6 +217,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
         f"STEPS (default {MEMORY_STEPS}) steps of towers train",
     )
+
+
+def add_block_arguments(parser: argparse.ArgumentParser, defaults: dict, each: str) -> None:
+    """--steps, --warmup and --repeats: the timed blocks of each `each` (row, candidate)."""
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help=f"steps per timed block (default {defaults['steps']})")
+    parser.add_argument("--warmup", type=int, metavar="N",
+                        help=f"steps discarded first (default {defaults['warmup']})")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help=f"timed blocks per {each}, interleaved across {each}s "
+                        f"(default {defaults['repeats']})")
 
 
 def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:

@@ -22,6 +22,7 @@ import argparse
 import datetime
 from collections.abc import Callable
 
+from launch.bench.settings import add_block_arguments
 from launch.config import JobConfig
 from launch.errors import EXIT_OK, BadInput
 from launch.log import log
@@ -46,12 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="PATH",
                         help="the tuned job file (default: JOB.tuned.yaml beside the job "
                         "file, tuned.yaml for the built-in job)")
-    parser.add_argument("--steps", type=int, metavar="N",
-                        help=f"steps per timed block (default {DEFAULTS['steps']})")
-    parser.add_argument("--repeats", type=int, metavar="N",
-                        help=f"timed blocks per candidate (default {DEFAULTS['repeats']})")
-    parser.add_argument("--warmup", type=int, metavar="N",
-                        help=f"steps discarded first (default {DEFAULTS['warmup']})")
+    add_block_arguments(parser, DEFAULTS, "candidate")
 
 
 def run(args: argparse.Namespace, job: JobConfig) -> int:
@@ -98,8 +94,10 @@ def _settings(args: argparse.Namespace, job: JobConfig) -> TuneSettings:
     for key in ("steps", "repeats"):
         if values[key] < 1:
             raise BadInput(f"--{key} must be at least 1")
-    if values["warmup"] < 0 or values["budget"] <= 0:
-        raise BadInput("--warmup must be at least 0 and --budget positive")
+    if values["warmup"] < 0:
+        raise BadInput("--warmup must be at least 0")
+    if values["budget"] <= 0:
+        raise BadInput("--budget must be a positive number of seconds")
     return TuneSettings(args.config, tuple(args.overrides), values["steps"], values["repeats"],
                         values["warmup"], DEFAULTS["timeout"], values["budget"],
                         args.allow_precision)
