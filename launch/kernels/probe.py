@@ -61,7 +61,7 @@ def probe(counts: Mapping[Kernel, int], number_type: str,
     wanted = ("float32", number_type)
     with _locked(path):
         timings = _read(path)
-        missing = [k for k in _heaviest_first(counts, timings)
+        missing = [k for k in _heaviest_first(counts)
                    if not all(t in timings.get(k.key, {}) for t in wanted)]
         if missing:
             for key, measured in _time(missing, wanted, seconds).items():
@@ -74,17 +74,9 @@ def probe(counts: Mapping[Kernel, int], number_type: str,
                  len(counts), path)
 
 
-def _heaviest_first(counts: Mapping[Kernel, int], timings: Timings) -> list[Kernel]:
-    """The kernels by the work a step gives them, most first (a float32 time where
-    one is cached, else the product of their shapes)."""
-    def weight(kernel: Kernel) -> float:
-        size = 1
-        for shape in (*kernel.operands, kernel.output):
-            for dim in shape:
-                size *= dim
-        return counts[kernel] * float(size) ** 0.5
-
-    return sorted(counts, key=weight, reverse=True)
+def _heaviest_first(counts: Mapping[Kernel, int]) -> list[Kernel]:
+    """The kernels by the work a step gives them (runs x FLOPs), most first."""
+    return sorted(counts, key=lambda kernel: counts[kernel] * kernel.flops, reverse=True)
 
 
 def _time(kernels: list[Kernel], number_types: tuple[str, ...], seconds: float) -> Timings:
