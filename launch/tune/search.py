@@ -182,7 +182,9 @@ class Search:
                                   medians[i] / base if i in medians else None, why,
                                   chosen=won and i == best))
         for i, case in ready.items():
-            if not (won and i == best):
+            if isinstance(rates.get(i), str):
+                case.kill()  # it stopped answering: it would not read a stop
+            elif not (won and i == best):
                 case.close()
         if not won:
             self.outcome.notes[stage.name] = _kept(stage, medians, base)
