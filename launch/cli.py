@@ -1,8 +1,8 @@
 """The `towers` command: parse the arguments, load the job once, run the command's handler.
 
 Commands: train, eval, validate, devices, ps, worker, evaluator, local-cluster,
-export, bench, data convert. `towers bench` is a package of its own, which defines
-its options and handler (launch.bench.add_arguments and launch.bench.run); the other
+export, bench, tune, data convert. `towers bench` and `towers tune` are packages of
+their own, each defining its options and handler (add_arguments and run); the other
 commands' options and handlers are here.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench, cli_arrangement
+from launch import bench, cli_arrangement, tune
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -35,6 +35,7 @@ from launch.cli_help import (
     EPILOG_LOCAL_CLUSTER,
     EPILOG_ROLES,
     EPILOG_TRAIN,
+    EPILOG_TUNE,
     EPILOG_VALIDATE,
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
@@ -103,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     _export_parser(commands)
     bench.add_arguments(_job_command(commands, "bench",
                                      "compare throughput and memory across modes", EPILOG_BENCH))
+    tune.add_arguments(_job_command(commands, "tune",
+                                    "find the fastest settings for the job on this machine",
+                                    EPILOG_TUNE))
     _data_parser(commands)
     timeline_command.add_parser(commands)
     return parser
@@ -302,6 +306,7 @@ HANDLERS = {
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
     "bench": bench.run,
+    "tune": tune.run,
     "data": data_command.run,
     "export": _export,
     "validate": _validate,

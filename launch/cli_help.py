@@ -178,10 +178,33 @@ also reports the FLOPs per example of a training step (counted by TensorFlow's p
 from the built graph), the FLOP/s it reaches and that as a share of this machine's peak
 for its number type: a 2048x2048 matmul in float32, bfloat16 or float16, timed in the
 same run. The header says whether this CPU does bfloat16 or float16 in hardware
-(avx512_bf16, amx_bf16, avx512_fp16, amx_fp16) or TensorFlow emulates them.
+(avx512_bf16, amx_bf16, avx512_fp16, amx_fp16) or TensorFlow emulates them. A 16-bit
+row also shows its kernel ceiling: the model's own convolutions and matrix products
+(forward and gradients, at their shapes) timed alone in float32 and in its type
+between the rounds, their combined speed-up; "of ceiling" is the row's own gain over
+the float32 row beside it as a share of that. A row that does not answer within
+--timeout (its build, a block, a whole run) is reported as failed; the rest go on.
 
 --input trains the model fed by synthetic data, pre-decoded TFRecords (float lists
 and uint8 pixels) and JPEG TFRecords (written to a temporary directory), through
 the training job's own input pipeline, and runs each file input alone on one
 thread: examples/sec, CPU ms per example and the host threads JPEG decoding needs.
+"""
+
+EPILOG_TUNE = """Times the job's own training step (its model, input and devices, as `towers
+train` builds it) through the settings that change its speed, one stage at a time:
+how the towers share variables (towers.variable_update, towers.param_device), XLA,
+towers.precision and towers.gradient_dtype (only with --allow-precision: they change
+results beyond rounding; a 16-bit type only where this machine runs the model's
+kernels faster in it), and fewer micro-batches (train.accumulate_steps) where the
+step fits; a job whose step does not fit in memory gets more. Each stage's candidates
+run side by side with the settings chosen before it (interleaved blocks, medians); a
+candidate is kept only when at least 3% faster. Writes a copy of the job with the
+chosen settings, headed by the measured table and the reason for each setting as
+comments, and prints the table.
+
+examples:
+  towers tune -c job.yaml                            # writes job.tuned.yaml beside it
+  towers tune -c job.yaml --budget 1200 --allow-precision --out fast.yaml
+  towers train -c job.tuned.yaml
 """

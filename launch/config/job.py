@@ -235,3 +235,20 @@ class JobConfig:
                 "loss-scale overflow cannot drop out of a synchronous step); use "
                 "mixed_bfloat16", "towers.precision", ["train.sync"],
             )
+
+
+def derived_comments(job: JobConfig) -> str:
+    """YAML comment lines with values the job implies but no key holds (the micro-batch,
+    the scaled learning rate), for `towers validate`; "" when there are none."""
+    lines = []
+    train, optimizer = job.train, job.optimizer
+    if train.accumulate_steps > 1:
+        lines.append(f"each update runs {train.accumulate_steps} micro-batches of about "
+                     f"{train.batch_size // train.accumulate_steps} examples "
+                     "(train.batch_size / train.accumulate_steps)")
+    if optimizer.reference_batch_size:
+        scale = train.batch_size / optimizer.reference_batch_size
+        lines.append(f"learning rates scaled by {scale:g} (train.batch_size / "
+                     f"optimizer.reference_batch_size): learning_rate "
+                     f"{optimizer.learning_rate:g} becomes {optimizer.learning_rate * scale:g}")
+    return "".join(f"# {line}\n" for line in lines)

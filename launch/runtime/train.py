@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from launch import data, metrics
+from launch import data, kernels, metrics
 from launch.config import JobConfig, TrainConfig
-from launch.devices import emulation_note
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
@@ -98,7 +97,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             _announce_resume(resumed, write)  # only once it is known to fit the model
         loop = _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write)
         write(_startup_line(job, plan))
-        for line in (emulation_note(job.towers.precision, plan.devices),
+        for line in (_precision_note(job, plan, ops.train_op),
                      plan.source.reader_line(plan.share)):
             if line:
                 write(line)
@@ -114,6 +113,14 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     if job.data.on_bad_record == "skip":
         result["skipped_records"] = skipped.count
     return result
+
+
+def _precision_note(job: JobConfig, plan: Plan, train_op) -> str | None:
+    """The start-up warning of a 16-bit job whose kernels this machine runs slower than
+    float32, measured (launch.kernels: timed once per machine)."""
+    micro_batch = plan.process_batch_size // job.train.accumulate_steps
+    tower_batch = -(-micro_batch // len(plan.devices))
+    return kernels.startup_note(train_op, job.towers.precision, plan.devices, tower_batch)
 
 
 def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | None:
