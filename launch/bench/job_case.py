@@ -27,7 +27,7 @@ def training_step(job: JobConfig) -> BuiltCase:
                         tf.compat.v1.local_variables_initializer())
         micro = plan.process_batch_size // job.train.accumulate_steps
         facts = {"kernels": kernels_of(ops_run_by(ops.train_op), -(-micro // len(plan.devices))),
-                 "examples_per_step": plan.examples_per_step, "devices": plan.devices}
+                 "examples_per_step": plan.job_examples_per_step, "devices": plan.devices}
     session = tf.compat.v1.Session(graph=graph, config=plan.session)
     session.run(init)
     session.run(ops.sync_op)
