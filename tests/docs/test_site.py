@@ -74,3 +74,16 @@ def test_the_reference_lists_the_keys_of_sections_null_until_set(site):
     rows = reference_rows(site)
     assert rows["train.warm_start"] == "null" and rows["train.warm_start.path"] == "(required)"
     assert rows["data.schema.kind"] == "float"
+
+
+def test_the_readme_is_a_front_page_whose_links_land(site):
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert readme.count("\n") <= 300
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    assert len([p for p, _ in links if p.startswith("docs/")]) >= 10
+    for path, anchor in links:
+        assert os.path.isfile(os.path.join(ROOT, path)), f"the README links to {path}: no such file"
+        if anchor:  # a section of a page: its id in the built page
+            page = (site / os.path.relpath(path, "docs")).with_suffix(".html").read_text()
+            assert f'id="{anchor}"' in page, f"the README links to {path}#{anchor}: no such section"
