@@ -1,7 +1,10 @@
 """A small job and poisoned data, shared by the fault tests of every mode (test_faults.py
 for trainers and ps/worker clusters, test_horovod.py for Horovod ranks)."""
 
+import os
+
 import numpy as np
+from helpers.diverging_model import MARK
 
 BATCH = 16
 SMALL = ["--set", "model.name=mlp", "--set", "model.input_dim=8", "--set", "model.num_classes=2",
@@ -14,15 +17,25 @@ def job(ckpt, steps, every=10, *extra):
             "--set", f"train.checkpoint_every_steps={every}", *extra]
 
 
+def diverging_model(*sizes: str) -> list[str]:
+    """The job's model as tests/helpers/diverging_model.py (the mlp, whose gradient is
+    NaN in a step whose batch holds a marked example); `sizes` are its model settings."""
+    return ["--set", "model.name=diverging_model:build",
+            "--set", f"model.path={os.path.dirname(__file__)}", *sizes]
+
+
 def poisoned_csv(path, bad_steps, rows=800):
-    """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds a NaN."""
+    """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds
+    a marked example, and the model that diverges there (SMALL's sizes)."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(rows, 8)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     for step in bad_steps:
-        x[(step - 1) * BATCH + 3, 2] = np.nan
+        x[(step - 1) * BATCH + 3, 2] = MARK
     header = ",".join([f"f{i}" for i in range(8)] + ["label"])
     np.savetxt(path, np.concatenate([x, y[:, None]], axis=1), delimiter=",", header=header,
                comments="", fmt=["%.6f"] * 8 + ["%d"])
     return ["--set", "data.source=csv", "--set", f"data.path={path}",
-            "--set", "data.shuffle_buffer=0"]
+            "--set", "data.shuffle_buffer=0",
+            *diverging_model("--set", "model.input_dim=8", "--set", "model.num_classes=2",
+                             "--set", "model.hidden_units=[8]")]

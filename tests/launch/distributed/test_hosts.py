@@ -28,6 +28,8 @@ import pytest
 import tensorflow as tf
 from helpers.checkpoints import assert_nothing_lost, latest_step
 from helpers.commands import ROOT, Process, last_json, last_logged, saved_steps, wait_until
+from helpers.diverging_model import MARK
+from helpers.faults import diverging_model
 from helpers.net_hosts import HostJob
 
 pytestmark = pytest.mark.e2e
@@ -87,14 +89,18 @@ def stop_all_at_once(tasks: dict[str, Process]) -> float:
 
 
 def npz_data(path, rows: int, poisoned_row: int | None = None) -> list[str]:
-    """mlp-shaped data read in order, optionally with one NaN."""
+    """mlp-shaped data read in order; with a poisoned row, one marked example and the
+    model that diverges at its step (helpers/diverging_model.py)."""
     rng = np.random.default_rng(1)
     features = rng.normal(size=(rows, 784)).astype(np.float32)
     labels = rng.integers(0, 10, size=rows).astype(np.int32)
+    model = []
     if poisoned_row is not None:
-        features[poisoned_row, 5] = np.nan
+        features[poisoned_row, 5] = MARK
+        model = diverging_model("--set", "model.input_dim=784", "--set", "model.num_classes=10",
+                                "--set", "model.hidden_units=[16]")
     np.savez(path, features=features, labels=labels)
-    return ["--set", "data.source=npz", "--set", f"data.path={path}"]
+    return ["--set", "data.source=npz", "--set", f"data.path={path}", *model]
 
 
 def failures(tasks: dict[str, Process]) -> dict[str, str]:
@@ -314,7 +320,7 @@ def async_run_losing_a_worker_then_its_ps(life: Life, resumed: int) -> int:
 
 
 def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: int) -> int:
-    """Three asynchronous workers; worker 2's first batch holds a NaN. Every worker
+    """Three asynchronous workers; worker 2's first batch holds a marked example. Every worker
     stops with status 3, also when that happens while the chief is still starting; the
     chief saves nothing once it has heard, so its last checkpoint, finite, is the
     latest. Returns its step."""

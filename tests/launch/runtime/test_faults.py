@@ -36,8 +36,9 @@ def assert_one_clear_line(result, *phrases):
 
 def test_nan_gradient_stops_the_job_with_status_3_and_the_last_good_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # The NaN feature leaves the loss finite (ReLU maps NaN to 0) but not the gradient:
-    # a loss-only check (NanTensorHook) would let this update through.
+    # The marked example of step 25 leaves the loss finite but not the gradient
+    # (helpers/diverging_model.py): a loss-only check (NanTensorHook) would let this
+    # update through.
     result = run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]))
     assert result.returncode == DIVERGED, result.stderr[-3000:]
     assert_one_clear_line(result, "training diverged", "non-finite", "model.ckpt-20")
