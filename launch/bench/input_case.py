@@ -28,7 +28,7 @@ def build_input_case(spec: dict) -> BuiltCase:
     (``spec['data']``), or with ``spec['pipeline_only']`` the input alone on one thread."""
     import tensorflow as tf
 
-    from launch.runtime.inputs import input_tensors
+    from launch.runtime.inputs import training_input
     from launch.runtime.plan import make_plan
     from launch.runtime.training_graph import build_training_graph
 
@@ -37,13 +37,15 @@ def build_input_case(spec: dict) -> BuiltCase:
     graph = tf.Graph()
     with graph.as_default():
         if spec["pipeline_only"]:
-            fetch = input_tensors(plan, training=True, batch_size=plan.process_batch_size)
-            init = tf.no_op()
+            feed = training_input(plan, job.train.batch_size)
+            fetch = feed.features
+            init = feed.initializer
         else:
-            ops, _, _ = build_training_graph(job, plan)
+            built = build_training_graph(job, plan)
+            ops, feed = built.ops, built.input
             fetch = ops.train_op
             init = tf.group(tf.compat.v1.global_variables_initializer(),
-                            tf.compat.v1.local_variables_initializer())
+                            tf.compat.v1.local_variables_initializer(), feed.initializer)
     session = tf.compat.v1.Session(graph=graph, config=plan.session)
     session.run(init)
     if not spec["pipeline_only"]:

@@ -39,8 +39,29 @@ class StepRecord:
         }
 
 
+@dataclass
+class LastStep:
+    """The global step a job stops at: train.steps, or the step at which the data's
+    passes end (data.epochs) if that comes first, known once the session has started."""
+
+    steps: int
+    data_end: int | None = None
+
+    @property
+    def step(self) -> int:
+        return self.steps if self.data_end is None else min(self.steps, self.data_end)
+
+    @property
+    def by_data(self) -> bool:
+        """The data's passes end the job, not train.steps."""
+        return self.data_end is not None and self.data_end < self.steps
+
+
 class ProgressHook(V1.train.SessionRunHook):
     """Every `every_steps` steps: one line with step, loss, metrics, examples/sec, ETA.
+
+    The step the line counts to, and the ETA to it, are the job's last step (``last``):
+    train.steps, or where the data's passes end if sooner.
 
     Fetches only scalars the step computes anyway (loss, metrics, global step),
     so it adds no session runs. Loss and metrics are averaged over the window
@@ -59,7 +80,7 @@ class ProgressHook(V1.train.SessionRunHook):
         fetches: Mapping[str, tf.Tensor],
         global_step: tf.Tensor,
         batch_size: int,
-        last_step: int,
+        last: LastStep | int,
         every_steps: int,
         summary_dir: str | None,
         write: Callable[[str], None],
@@ -70,7 +91,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self._phases = phases
         self._on_step = on_step
         self._batch_size = batch_size
-        self._last_step = last_step
+        self._last = last if isinstance(last, LastStep) else LastStep(last)
         self._every = every_steps
         self._summary_dir = summary_dir
         self._write = write
@@ -108,7 +129,7 @@ class ProgressHook(V1.train.SessionRunHook):
         if self._reported_step is None:
             self._reported_step = step - 1
         crossed = step // self._every > self._reported_step // self._every
-        if crossed or step >= self._last_step:
+        if crossed or step >= self._last.step:
             self._report(step, now)
         elif self._bar:
             self._draw_bar(step)
@@ -134,11 +155,12 @@ class ProgressHook(V1.train.SessionRunHook):
             examples_per_sec=rate,
             metrics=means,
         )
-        remaining = max(self._last_step - step, 0) * elapsed / self._window_steps
+        last = self._last.step
+        remaining = max(last - step, 0) * elapsed / self._window_steps
         shown = " ".join(f"{k}={v:.4g}" for k, v in means.items())
         phases = self._phases() if self._phases is not None else ""
         self._write(
-            f"step {step}/{self._last_step} loss={self.record.loss:.4g} {shown} "
+            f"step {step}/{last} loss={self.record.loss:.4g} {shown} "
             f"examples/sec={rate:.1f} eta={_duration(remaining)}{' ' if phases else ''}{phases}"
         )
         if self._writer is not None:
@@ -151,17 +173,20 @@ class ProgressHook(V1.train.SessionRunHook):
         self._window_start = now
 
     def _draw_bar(self, step: int) -> None:
-        done = step / max(self._last_step, 1)
+        last = self._last.step
+        done = step / max(last, 1)
         width = 30
         filled = int(done * width)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{self._last_step}")
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{last}")
         sys.stderr.flush()
 
 
 class StopAtStepHook(V1.train.StopAtStepHook):
-    """TensorFlow's StopAtStepHook, which also stops a session that starts at or past
-    the last step before it takes any: TensorFlow's checks only after a step, so running
-    a finished job again trained one more step (and saved one more checkpoint) each time.
+    """TensorFlow's StopAtStepHook, at the job's last step (``last``: train.steps, or
+    where the data's passes end if sooner, set as the session starts, before this hook
+    runs), which also stops a session that starts at or past the last step before it
+    takes any: TensorFlow's checks only after a step, so running a finished job again
+    trained one more step (and saved one more checkpoint) each time.
 
     start_step: the global step the session started at (restored, or 0).
     done_at_start: the session started at or past the last step; the loop takes no
@@ -169,19 +194,27 @@ class StopAtStepHook(V1.train.StopAtStepHook):
     chief's queue runner, and close its token queue, before the hooks' end() runs.)
     """
 
-    def __init__(self, last_step: int, write: Callable[[str], None]):
-        super().__init__(last_step=last_step)
+    def __init__(self, last: LastStep, write: Callable[[str], None], epochs: int | None = None):
+        super().__init__(last_step=last.steps)
+        self._last = last
+        self._epochs = epochs
         self._write = write
         self.start_step: int | None = None
         self.done_at_start = False
 
     def after_create_session(self, session, coord) -> None:
         super().after_create_session(session, coord)
+        self._last_step = self._last.step
         self.start_step = int(session.run(self._global_step_tensor))
         self.done_at_start = self.start_step >= self._last_step
-        if self.done_at_start:
+        if not self.done_at_start:
+            return
+        if self._last.by_data:
+            self._write(f"at step {self.start_step} already, where the data's "
+                        f"{self._epochs} pass(es) end (data.epochs): no step to take")
+        else:
             self._write(f"at step {self.start_step} already, train.steps is "
-                        f"{self._last_step}: no step to take")
+                        f"{self._last.steps}: no step to take")
 
 
 class DataEndHook(V1.train.SessionRunHook):
