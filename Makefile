@@ -17,16 +17,20 @@ horovod:
 # The metrics tests run promtool and a real Prometheus server, both from
 # Debian's prometheus package; the docker tests validate the compose file with
 # Debian's docker-compose, which needs no Docker engine for that; the network
-# fault tests make their test hosts with `ip` from Debian's iproute2 (apt-get
-# needs root, as on CI and the dev machines).
+# fault tests make their test hosts with `ip` from Debian's iproute2; the Slurm
+# tests run a one-node cluster of Debian's slurm-wlm 22.05 (slurmctld, slurmd, the
+# clients and munge; tests/helpers/slurm.py). apt-get needs root, as on CI and the
+# dev machines.
 test:
 	pip install -e '.[cpu,test]'
 	bash docker/install-horovod.sh
 	command -v promtool >/dev/null && command -v prometheus >/dev/null && \
-		command -v docker-compose >/dev/null && command -v ip >/dev/null || \
+		command -v docker-compose >/dev/null && command -v ip >/dev/null && \
+		command -v slurmctld >/dev/null && command -v slurmd >/dev/null && \
+		command -v sbatch >/dev/null && command -v munged >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		  apt-get install -y -qq --no-install-recommends prometheus docker-compose \
-		  iproute2; }
+		  iproute2 slurmctld slurmd slurm-client munge; }
 	ruff check .
 	python -m pytest $(PYTEST_PARALLEL) --durations=20
 

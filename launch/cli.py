@@ -1,8 +1,8 @@
 """The `towers` command: parse the arguments, load the job once, run the command's handler.
 
 Commands: train, eval, validate, devices, ps, worker, evaluator, local-cluster,
-export, bench, data convert. `towers bench` is a package of its own, which defines
-its options and handler (launch.bench.add_arguments and launch.bench.run); the other
+export, bench, tune, data convert. `towers bench` and `towers tune` are packages of
+their own, each defining its options and handler (add_arguments and run); the other
 commands' options and handlers are here.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
@@ -10,6 +10,7 @@ Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 line on stderr and nothing written; 3 diverged (a non-finite loss or gradient,
 never applied; the latest checkpoint holds the last good weights); 4 a resource
 failed mid-run (a checkpoint could not be written; the previous one is intact);
+5 out of memory (one line: the device, the batch per tower, what to change);
 138 a peer task of a ps/worker job could not be reached in time (retryable:
 restart the task).
 """
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench
+from launch import bench, cli_arrangement, tune
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -34,11 +35,12 @@ from launch.cli_help import (
     EPILOG_LOCAL_CLUSTER,
     EPILOG_ROLES,
     EPILOG_TRAIN,
+    EPILOG_TUNE,
     EPILOG_VALIDATE,
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
 from launch.log import log, quiet_tensorflow, use_graph_mode
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, is_work_done, work_done
 
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -102,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     _export_parser(commands)
     bench.add_arguments(_job_command(commands, "bench",
                                      "compare throughput and memory across modes", EPILOG_BENCH))
+    tune.add_arguments(_job_command(commands, "tune",
+                                    "find the fastest settings for the job on this machine",
+                                    EPILOG_TUNE))
     _data_parser(commands)
     timeline_command.add_parser(commands)
     return parser
@@ -190,40 +195,9 @@ def _data_parser(commands) -> None:
 def _load(args):
     from launch.config import load_job
 
-    return load_job(args.config, args.overrides, arrangement=lambda job: _arrangement(args, job),
+    return load_job(args.config, args.overrides,
+                    arrangement=lambda job: cli_arrangement.choose(args, job),
                     check_model=_check_model)
-
-
-# The commands that run a job's processes under an arrangement (launch.config.arrangements);
-# the others (eval, export, ...) take the job as its cluster.backend names it.
-_ARRANGED = ("train", "ps", "worker", "local-cluster", "validate")
-
-
-def _arrangement(args, job) -> str:
-    """The arrangement this command runs the job under: cluster.backend's, or for auto the
-    command's choice from the cluster (a ps/worker task's from the one it resolves,
-    local-cluster's from --ps, validate's from the job file's cluster section). The job
-    is checked against it as it loads."""
-    from launch.config import choose
-
-    if args.command not in _ARRANGED:
-        return job.cluster.backend
-    if args.command in ("ps", "worker"):
-        cluster = _task(args, job).cluster
-    elif args.command == "local-cluster":
-        cluster = ("ps", "worker") if args.ps else ("worker",)
-    else:
-        cluster = tuple(name for name in ("ps", "worker", "chief") if getattr(job.cluster, name))
-    return choose(job.cluster.backend, None if args.command == "validate" else args.command,
-                  cluster)
-
-
-def _task(args, job):
-    """This ps or worker task's place in the cluster (launch.distributed.cluster)."""
-    from launch.distributed import cluster
-
-    flags = cluster.Flags(args.ps_hosts, args.worker_hosts, args.job_name, args.task_index)
-    return cluster.resolve(job.cluster, flags, args.command)
 
 
 def _check_model(model) -> None:
@@ -277,11 +251,11 @@ def _evaluator(args, job) -> int:
 
 def _run_arranged(args, job) -> int:
     """This process's part of the job, as its arrangement runs it: one process or one
-    Horovod rank (`train`), a ps or worker task (`ps`, `worker`)."""
+    Horovod rank (`train`), a ps or worker task (`ps`, `worker`, or `train` under a
+    launcher)."""
     from launch.distributed.arrangements import arrangement
 
-    task = _task(args, job) if args.command in ("ps", "worker") else None
-    _print_json(arrangement(_arrangement(args, job)).run(job, task))
+    _print_json(arrangement(args.arrangement).run(job, args.task))
     return EXIT_OK
 
 
@@ -332,6 +306,7 @@ HANDLERS = {
     "evaluator": _evaluator,
     "local-cluster": _local_cluster,
     "bench": bench.run,
+    "tune": tune.run,
     "data": data_command.run,
     "export": _export,
     "validate": _validate,
@@ -354,6 +329,8 @@ class _StoppedBeforeStart(Exception):
 
 
 def _stop_before_start(name: str) -> None:
+    if is_work_done():  # the job has ended: it hands over its result and exits 0
+        return
     raise _StoppedBeforeStart(name)
 
 
@@ -363,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("towers: error: --shards must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     source = args.config or "<built-in job>"
+    work_done(False)
     # Until training begins (its loop then takes these signals over), a stop request
     # finds nothing to save: exit cleanly instead of dying by the signal, so an
     # orchestrator or local-cluster sees a task that stopped, not one that failed.

@@ -8,16 +8,25 @@ EPILOG_TRAIN = """examples:
   towers train --set towers.precision=mixed_bfloat16 --set train.accumulate_steps=4
   horovodrun -np 4 -H localhost:4 towers train -c job.yaml --backend horovod
   towers train -c job.yaml --set model.name=my_models.net:build --set model.width=64
+  srun towers train -c job.yaml                 # every task of a Slurm step: one cluster
 
 model.name is a built-in model, a name an installed package registers, or
 module:attribute of your own code (found on sys.path, in model.path or beside
 the job file; see the README, "Train your own model").
 
 Progress goes to stderr; the last line on stdout is one JSON object with
-global_step, loss, examples_per_sec, the model's metrics, precision and
-accumulate_steps (and, in mixed_float16, loss_scale and overflow_steps). Re-running with
+global_step, loss, the model's metrics, job_examples_per_sec and
+process_examples_per_sec (the run's averages: every worker's or rank's examples, and
+this process's own; docs/figures.md), precision and accumulate_steps (and, in
+mixed_float16, loss_scale and overflow_steps). Re-running with
 the same checkpoint_dir resumes from its latest checkpoint; one trainer at a time
 (another finds it in use and exits 2). SIGTERM or Ctrl-C saves a checkpoint and exits 0.
+
+In every task of a Slurm step of several tasks (srun), or every pod of a Kubernetes
+Indexed Job set up as docker/k8s/indexed-job.yaml, train is the worker (or, with
+cluster.ps_per_node, the ps task) its launcher makes it, with its share of the node's
+GPUs: no addresses to write (docs/slurm.md, docs/kubernetes.md).
+cluster.backend: in_process keeps each task one process of its own.
 """
 
 EPILOG_EVAL = """examples:
@@ -102,7 +111,9 @@ examples:
 
 
 EPILOG_ROLES = """The same job file as `towers train`; the cluster comes from the job file's
-cluster section, the flags below, or TF_CONFIG (as Kubeflow's TFJob sets it).
+cluster section, the flags below, TF_CONFIG (as Kubeflow's TFJob sets it), or the
+Slurm step or Indexed Job the task runs in (where `towers train` in every task is
+simpler: it is the ps or worker task it is made).
 Worker 0 is chief unless the cluster has a chief task. TensorFlow's gRPC runtime
 has no authentication or encryption and runs any graph it is sent, on every
 interface: firewall cluster ports to the cluster's own hosts.
@@ -167,10 +178,33 @@ also reports the FLOPs per example of a training step (counted by TensorFlow's p
 from the built graph), the FLOP/s it reaches and that as a share of this machine's peak
 for its number type: a 2048x2048 matmul in float32, bfloat16 or float16, timed in the
 same run. The header says whether this CPU does bfloat16 or float16 in hardware
-(avx512_bf16, amx_bf16, avx512_fp16, amx_fp16) or TensorFlow emulates them.
+(avx512_bf16, amx_bf16, avx512_fp16, amx_fp16) or TensorFlow emulates them. A 16-bit
+row also shows its kernel ceiling: the model's own convolutions and matrix products
+(forward and gradients, at their shapes) timed alone in float32 and in its type
+between the rounds, their combined speed-up; "of ceiling" is the row's own gain over
+the float32 row beside it as a share of that. A row that does not answer within
+--timeout (its build, a block, a whole run) is reported as failed; the rest go on.
 
 --input trains the model fed by synthetic data, pre-decoded TFRecords (float lists
 and uint8 pixels) and JPEG TFRecords (written to a temporary directory), through
 the training job's own input pipeline, and runs each file input alone on one
 thread: examples/sec, CPU ms per example and the host threads JPEG decoding needs.
+"""
+
+EPILOG_TUNE = """Times the job's own training step (its model, input and devices, as `towers
+train` builds it) through the settings that change its speed, one stage at a time:
+how the towers share variables (towers.variable_update, towers.param_device), XLA,
+towers.precision and towers.gradient_dtype (only with --allow-precision: they change
+results beyond rounding; a 16-bit type only where this machine runs the model's
+kernels faster in it), and fewer micro-batches (train.accumulate_steps) where the
+step fits; a job whose step does not fit in memory gets more. Each stage's candidates
+run side by side with the settings chosen before it (interleaved blocks, medians); a
+candidate is kept only when at least 3% faster. Writes a copy of the job with the
+chosen settings, headed by the measured table and the reason for each setting as
+comments, and prints the table.
+
+examples:
+  towers tune -c job.yaml                            # writes job.tuned.yaml beside it
+  towers tune -c job.yaml --budget 1200 --allow-precision --out fast.yaml
+  towers train -c job.tuned.yaml
 """

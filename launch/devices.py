@@ -1,18 +1,18 @@
 """Which devices this process can train on, which of them a job's towers use, the
 session options (GPU memory policy, placement, threads) as a ConfigProto, and which
-16-bit number types this host's CPU runs in hardware."""
+16-bit number types this host's CPU has instructions for (whether a job's kernels run
+faster in them is measured: launch.kernels)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import tensorflow as tf
 
 from launch.config import SessionConfig, TowersConfig
 from launch.errors import BadInput
-from towers import Precision
 
 # On a host without GPUs, `devices: auto` still builds two towers on two CPU
 # devices, so the default job exercises the same code path as a GPU node.
@@ -20,11 +20,6 @@ CPU_TOWERS_WITHOUT_GPU = 2
 
 # CPU flags that mean the number type runs in hardware (oneDNN uses them).
 NATIVE_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
-# How much slower than float32 a step computing in an emulated type ran on this
-# project's machines: bfloat16 at 0.07-0.13x on convnet and ResNet-20, float16 at 0.26x
-# on convnet (BENCHMARKS.md); the default job in bfloat16 at about 40 examples/sec
-# against float32's 1,256 on a 2-core EPYC without avx512_bf16.
-EMULATED_SLOWDOWN = {"bfloat16": "roughly 10-30x", "float16": "roughly 4x"}
 
 
 class DeviceError(BadInput):
@@ -210,23 +205,3 @@ def native_flags(number_type: str, flags: Collection[str] | None = None) -> list
     converting to float32 and back."""
     have = cpu_flags() if flags is None else flags
     return [flag for flag in NATIVE_FLAGS[number_type] if flag in have]
-
-
-def emulation_note(precision: str, devices: Sequence[str],
-                   flags: Collection[str] | None = None) -> str | None:
-    """One line for the start-up output when towers on CPU devices compute, in
-    `precision` (towers.precision), in a 16-bit type this CPU (`flags`, default: this
-    CPU's) emulates; None otherwise: float32, no tower on a CPU device, or a CPU with
-    the instructions.
-    """
-    number_type = Precision(precision).compute_dtype.name
-    on_cpu = any(_device_type(d) == "CPU" for d in devices)
-    if number_type not in NATIVE_FLAGS or not on_cpu or native_flags(number_type, flags):
-        return None
-    return (
-        f"{precision} on CPU towers: this CPU has no {' or '.join(NATIVE_FLAGS[number_type])}, "
-        f"so TensorFlow emulates {number_type} and steps run "
-        f"{EMULATED_SLOWDOWN[number_type]} slower than float32; `towers bench --quick "
-        f"--towers 1 --precision float32,{precision}` (with this job's -c) compares the two "
-        f"on this machine"
-    )

@@ -8,6 +8,8 @@ the command line needs one `except` clause, and lower layers never import it.
     2 bad input: job file, flags, data, devices, checkpoint directory, ports
     3 diverged: a non-finite loss or gradient, never applied
     4 a resource failed mid-run (a checkpoint write); the previous checkpoint is intact
+    5 out of memory: a device could not hold the step (the batch per tower too large);
+        nothing was saved after the latest checkpoint
     138 a peer task of a ps/worker job could not be reached in time, or no step
         finished for train.stall_abort_secs (retryable)
 """
@@ -19,6 +21,7 @@ EXIT_BUG = 1
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_RESOURCE = 4
+EXIT_OUT_OF_MEMORY = 5
 # Retryable. 138 (128 + SIGUSR1) is the code Kubeflow's TFJob `restartPolicy:
 # ExitCode` reserves for a user-defined retryable error; it treats 1-127 as
 # permanent, so a small code here would never be retried there.
@@ -51,6 +54,12 @@ class ResourceFailed(TowersError, RuntimeError):
     """A write into checkpoint_dir failed mid-run (disk full, directory read-only or gone)."""
 
     exit_status = EXIT_RESOURCE
+
+
+class OutOfMemory(TowersError, RuntimeError):
+    """A device could not hold what a step computes: a smaller batch per tower fits."""
+
+    exit_status = EXIT_OUT_OF_MEMORY
 
 
 class PeerUnavailable(TowersError, RuntimeError):

@@ -175,13 +175,41 @@ def _synchronized_batch_norm(
     across: Callable[[tf.Tensor], tf.Tensor],
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """What fused_batch_norm returns in training, over the global batch: x [b, h, w, c]
-    normalized in float32 and returned in x's type, the float32 mean [c] and the
+    normalized (in x's type, the statistics float32), the float32 mean [c] and the
     variance [c] with Bessel's correction (n / (n - 1)), as the fused kernel gives it
     for the moving statistics while normalizing with the biased one."""
     mean, variance, count = towers.batch_moments(x, [0, 1, 2], across)
-    y = tf.nn.batch_normalization(tf.cast(x, tf.float32), mean, variance, beta, gamma, epsilon)
+    y = _normalized(x, mean, variance, gamma, beta, epsilon)
     corrected = variance * count / tf.maximum(count - 1.0, 1.0)
-    return tf.cast(y, x.dtype), mean, corrected
+    return y, mean, corrected
+
+
+def _normalized(x: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor, gamma: tf.Tensor,
+                beta: tf.Tensor, epsilon: float) -> tf.Tensor:
+    """x [b, h, w, c] normalized by the given statistics [c] with the fused kernel (one
+    pass over x, as in training; plain ops would be several), with a gradient that
+    reaches the statistics too: the kernel's own treats them as constants."""
+
+    @tf.custom_gradient
+    def normalized(x, mean, variance, gamma, beta):
+        y, _, _, _, _, reserve = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=gamma, offset=beta, mean=mean, variance=variance, epsilon=epsilon,
+            is_training=False)
+
+        def grad(dy):
+            dx, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
+                y_backprop=dy, x=x, scale=gamma, reserve_space_1=mean,
+                reserve_space_2=variance, reserve_space_3=reserve, epsilon=epsilon,
+                is_training=False)
+            # y = gamma (x - mean) s + beta with s = (variance + epsilon)^-1/2, and the
+            # kernel's dgamma = sum dy (x - mean) s and dbeta = sum dy, so
+            # d/dmean = -gamma s dbeta and d/dvariance = -gamma s^2 dgamma / 2.
+            s = tf.math.rsqrt(variance + epsilon)
+            return dx, -gamma * s * dbeta, -0.5 * gamma * s * s * dgamma, dgamma, dbeta
+
+        return y, grad
+
+    return normalized(x, mean, variance, gamma, beta)
 
 
 def dropout(x: tf.Tensor, rate: float, ctx: towers.TowerContext) -> tf.Tensor:
@@ -241,15 +269,17 @@ def lstm(inputs: tf.Tensor, hidden: int, scope: str = "lstm", initializer: Any =
         )
     # The input rows of the kernel do not depend on the recurrent state, so project
     # every time step in one large matmul instead of `time` small ones.
-    projected = tf.matmul(tf.reshape(inputs, [-1, dim]), kernel[:dim]) + bias
-    projected = tf.reshape(projected, [-1, time, 4 * hidden])
-    recurrent_kernel = kernel[dim:]
+    input_kernel, recurrent_kernel = tf.split(kernel, [dim, hidden])
+    projected = tf.matmul(tf.reshape(inputs, [-1, dim]), input_kernel) + bias
+    # One unstack, not a slice per step: each slice's gradient is a zero tensor of the
+    # whole sequence (time of them, summed), the unstack's one stack.
+    projected = tf.unstack(tf.reshape(projected, [-1, time, 4 * hidden]), axis=1)
 
     batch = tf.shape(inputs)[0]
     c = h = tf.zeros([batch, hidden], dtype=inputs.dtype)
     outputs = []
     for t in range(time):
-        gates = projected[:, t] + tf.matmul(h, recurrent_kernel)
+        gates = projected[t] + tf.matmul(h, recurrent_kernel)
         i, f, g, o = tf.split(gates, 4, axis=1)
         c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
         h = tf.sigmoid(o) * tf.tanh(c)

@@ -94,7 +94,9 @@ def _basic_block(
 def _shortcut(x: tf.Tensor, filters: int, stride: int) -> tf.Tensor:
     """Option A: keep every stride-th pixel and zero-pad the new channels on both sides."""
     if stride > 1:
-        x = x[:, ::stride, ::stride, :]
+        # x[:, ::stride, ::stride] as a 1x1 pooling: the same values, and a gradient
+        # that writes each pixel once (the strided slice's rewrote the whole input).
+        x = tf.nn.avg_pool2d(x, 1, stride, "VALID")
     extra = filters - x.shape[-1]
     if extra:
         x = tf.pad(x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]])

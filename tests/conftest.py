@@ -21,6 +21,14 @@ def cpu_session_config(num_cpus: int) -> tf.compat.v1.ConfigProto:
     )
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_timings_of_this_run(tmp_path_factory):
+    """The start-up probe's timings (launch.kernels) cached in this run's own directory,
+    for its processes too: kernels timed on a machine busy with tests are not for the
+    user's cache."""
+    os.environ["TOWERS_CACHE_DIR"] = str(tmp_path_factory.mktemp("kernel-timings"))
+
+
 @pytest.fixture
 def graph():
     """A fresh default graph per test, so variable names never collide."""

@@ -20,7 +20,7 @@ LAUNCH_LAYERS = [
     ("launch.errors", "launch.log", "launch.hard_exit"),
     ("launch.config",),
     ("launch.devices",),
-    ("launch.data", "launch.metrics", "launch.modelref"),
+    ("launch.data", "launch.metrics", "launch.modelref", "launch.kernels"),
     ("launch.runtime",),
     # distributed/, lowest first: who is who in a cluster; the health of a job of several
     # processes (liveness, stalls, stragglers, stop votes, deadlines, how it ends); the
@@ -29,8 +29,9 @@ LAUNCH_LAYERS = [
     ("launch.distributed.health",),
     ("launch.distributed.arrangements",),
     ("launch.distributed.local_cluster",),
-    ("launch.bench",),
-    ("launch.cli", "launch.cli_data", "launch.cli_help", "launch.cli_timeline", "launch.__main__"),
+    ("launch.bench", "launch.tune"),
+    ("launch.cli", "launch.cli_arrangement", "launch.cli_data", "launch.cli_help",
+     "launch.cli_timeline", "launch.__main__"),
 ]
 # The project's own layers: launch builds on models and towers, models on towers.
 PACKAGE_LAYERS = {"towers": 0, "models": 1, "launch": 2}

@@ -10,25 +10,35 @@ statistics) and moving statistics.
 
 The towers of a step are built one after the other, so tower 0's batch norm cannot
 see tower 1's activations when it is built. The towers therefore meet in collective
-all-reduces (TensorFlow's CollectiveReduceV2, NCCL between GPUs): tower i's k-th
-statistics sum is the same collective instance as every other tower's k-th, and
-each waits for the others when the step runs. A model makes the same batch norms in
-every tower (one function builds them all), so the k-th calls match.
+ops (TensorFlow's CollectiveGatherV2 and CollectiveReduceV2, NCCL between GPUs):
+tower i's k-th statistics call is the same collective instance as every other
+tower's k-th, and each waits for the others when the step runs. A model makes the
+same batch norms in every tower (one function builds them all), so the k-th calls
+match.
 
-Statistics are merged by example count in two passes: the sum of x (with the
-element count) gives the global mean, then the sum of (x - mean)^2 the variance.
-Sums of x and x^2 would need one all-reduce instead of two, but E[x^2] - E[x]^2
-loses every digit when the mean is large against the spread; the two-pass sum is
-as exact as one device's. Both passes run in float32 whatever the compute type.
+One collective per batch norm forward, one backward (each is a wait for the slowest
+tower, which is what synchronization costs):
 
-The gradient of a sum across towers is the same sum of the upstream gradients (every
-tower's loss depends on every tower's activations through the statistics), an
-all-reduce of its own in the backward pass.
+  forward   each tower's [count, mean, M2] (M2: the sum of squared deviations from
+            its own mean, by the fused batch-norm kernel's two passes, as one device
+            computes them) gathered from every tower, then merged exactly (Chan et
+            al.'s parallel variance: the merged M2 is the towers' M2s plus each count
+            times its mean's squared distance from the global mean). Sums of x and
+            x^2 would cost the same, but E[x^2] - E[x]^2 loses every digit when the
+            mean is large against the spread; the merge is as exact as one device.
+  backward  the gradient of the global mean and variance with respect to this tower's
+            x needs the sums over every tower of the upstream gradients of both:
+            one all-reduce of the two packed together, then one pass over x.
+
+Across processes (Horovod ranks) the merged statistics go through one more sum, of
+[n, n mean, M2 + n mean^2] in float64 (a sum, not a gather, so that a plain
+all-reduce is all a process needs; exact to float32 while the mean is within 10^4
+standard deviations of 0), and the backward's sums through one more sum. Statistics
+are float32 whatever the compute type.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import weakref
 from collections.abc import Callable, Sequence
@@ -39,7 +49,7 @@ from tensorflow.python.ops import collective_ops
 BATCH_NORMS = ("local", "sync")
 
 Sum = Callable[[tf.Tensor], tf.Tensor]
-"""A float32 tensor summed over every tower of the step (and every process)."""
+"""A float32 or float64 tensor summed over every process (an all-reduce sum)."""
 
 # Collective keys must be unique within a graph (one session's collective executor
 # matches ops by them); a counter per graph, dropped with the graph.
@@ -54,12 +64,13 @@ def check_batch_norm(batch_norm: str) -> str:
 
 
 class CrossTowerSums:
-    """Sums across the towers of one build (one step, or one micro-batch of it).
+    """The statistics across the towers of one build (one step, or one micro-batch).
 
     devices: the towers' devices, tower i on devices[i].
     across_processes: a sum over the processes of a multi-process job (Horovod ranks),
-        applied to this process's sum; None for a single process. Every process must
-        run the same number of towers, so tower i's calls meet every rank's tower i.
+        applied to what this process's towers have combined; None for a single
+        process. Every process must run the same number of towers, so tower i's calls
+        meet every rank's tower i.
     every_batch_norm: True with batch_norm="sync" (every batch norm uses the sums);
         False when only those that ask for it do (Keras' synchronized=True).
     """
@@ -68,67 +79,200 @@ class CrossTowerSums:
                  every_batch_norm: bool = True):
         self.every_batch_norm = every_batch_norm
         self._devices = list(devices)
-        self._across_processes = across_processes
+        self._sum_processes = across_processes
         self._keys: list[tuple[int, int]] = []  # per call: forward and backward instance
         self._calls = [0] * len(devices)
         self._group_key = _group_key(tuple(self._devices))
 
     @property
     def used(self) -> bool:
-        """Whether any tower has summed a statistic across the towers."""
+        """Whether any tower has combined a statistic across the towers."""
         return any(self._calls)
 
-    def for_tower(self, index: int) -> Sum:
-        """The sum tower `index` calls; its k-th call meets every tower's k-th."""
-        return functools.partial(self._sum, index)
+    def for_tower(self, index: int) -> TowerSums:
+        """What tower `index` calls; its k-th call meets every tower's k-th."""
+        return TowerSums(self, index)
 
-    def _sum(self, index: int, value: tf.Tensor) -> tf.Tensor:
+    def _next_keys(self, index: int) -> tuple[int, int, str]:
+        """The forward and backward instance keys of tower `index`'s next call, and a
+        name for its ops."""
         call = self._calls[index]
         self._calls[index] += 1
         if call == len(self._keys):
             self._keys.append((_instance_key(), _instance_key()))
-        forward, backward = self._keys[call]
-        name = f"sync_{call}"
+        return (*self._keys[call], f"sync_{call}")
 
-        @tf.custom_gradient
-        def summed(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
-            def grad(dy: tf.Tensor) -> tf.Tensor:
-                return self._all_reduce(dy, backward, f"{name}_grad", index)
-
-            return self._all_reduce(x, forward, name, index), grad
-
-        return summed(value)
-
-    def _all_reduce(self, value: tf.Tensor, instance_key: int, name: str,
-                    index: int) -> tf.Tensor:
+    def _sum(self, value: tf.Tensor, instance_key: int, name: str, index: int) -> tf.Tensor:
+        """value summed over the towers, then the processes."""
         if len(self._devices) > 1:
             value = collective_ops.all_reduce_v2(
                 value, group_size=len(self._devices), group_key=self._group_key,
                 instance_key=instance_key, merge_op="Add", final_op="Id")
-        if self._across_processes is not None:
+        if self._sum_processes is not None:
             with tf.name_scope(f"tower_{index}_{name}"):
-                value = self._across_processes(value)
+                value = self._sum_processes(value)
         return value
+
+    def _combine(self, count: tf.Tensor, mean: tf.Tensor, m2: tf.Tensor, instance_key: int,
+                 name: str, index: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """This tower's count, mean and M2 combined with every tower's (gathered, then
+        merged exactly), then with every process's."""
+        row = tf.concat([count[None], mean, m2], axis=0)
+        if len(self._devices) > 1:
+            rows = collective_ops.all_gather_v2(
+                row[None], group_size=len(self._devices), group_key=self._group_key,
+                instance_key=instance_key)
+            count, mean, m2 = _merge(rows, mean.shape[0])
+        if self._sum_processes is not None:
+            with tf.name_scope(f"tower_{index}_{name}"):
+                count, mean, m2 = _sum_over_processes(count, mean, m2, self._sum_processes)
+        return count, mean, m2
+
+
+class TowerSums:
+    """One tower's handle on the statistics across the towers (TowerContext.batch_sum).
+
+    Called with a float32 tensor, it returns its sum over every tower of the step (and
+    every process), with that sum's gradient: one all-reduce each way.
+    moments(x): the mean and variance of the whole global batch (one gather forward,
+    one all-reduce backward).
+    """
+
+    def __init__(self, sums: CrossTowerSums, index: int):
+        self._sums = sums
+        self._index = index
+
+    def __call__(self, value: tf.Tensor) -> tf.Tensor:
+        forward, backward, name = self._sums._next_keys(self._index)
+
+        @tf.custom_gradient
+        def summed(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
+            def grad(dy: tf.Tensor) -> tf.Tensor:
+                return self._sums._sum(dy, backward, f"{name}_grad", self._index)
+
+            return self._sums._sum(x, forward, name, self._index), grad
+
+        return summed(value)
+
+    def moments(self, x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The float32 mean [c] and biased variance [c] of x [..., c] (any float type)
+        over every axis but the last, across every tower, and the element count."""
+        forward, backward, name = self._sums._next_keys(self._index)
+        sums, index = self._sums, self._index
+        return _merged_moments(
+            x, lambda *moments: sums._combine(*moments, forward, name, index),
+            lambda value: sums._sum(value, backward, f"{name}_grad", index))
 
 
 def moments(x: tf.Tensor, axes: Sequence[int],
-            total: Sum | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            total: TowerSums | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Mean and (biased) variance of x over `axes`, and the count they are over.
 
     x: [batch, ..., channels] in any float type; axes: every axis but the channels.
-    total: sums across the towers (CrossTowerSums.for_tower); None: this tensor alone.
+    total: the tower's statistics across the towers (CrossTowerSums.for_tower); None:
+    this tensor alone.
     Returns float32 mean [channels], variance [channels] and count (a scalar): with
     `total`, over the whole global batch.
     """
-    x = tf.cast(x, tf.float32)
-    total = total or tf.identity
-    count = tf.cast(tf.reduce_prod(tf.gather(tf.shape(x), list(axes))), tf.float32)
-    # One all-reduce carries the count with the sums: [count, sum over axes...].
-    sums = total(tf.concat([count[None], tf.reduce_sum(x, axes)], axis=0))
-    count = tf.stop_gradient(sums[0])
-    mean = sums[1:] / count
-    variance = total(tf.reduce_sum(tf.math.squared_difference(x, mean), axes)) / count
-    return mean, variance, count
+    rank = x.shape.rank
+    if rank is None or sorted(a % rank for a in axes) != list(range(rank - 1)) \
+            or x.shape[-1] is None:
+        raise ValueError(f"batch statistics are over every axis but the last (channels "
+                         f"last, a static size); got axes {list(axes)} of shape {x.shape}")
+    if total is not None:
+        return total.moments(x)
+    return _merged_moments(x, lambda *moments: moments, tf.identity)
+
+
+Moments = tuple[tf.Tensor, tf.Tensor, tf.Tensor]
+
+
+def _merged_moments(x: tf.Tensor, combine: Callable[..., Moments],
+                    sum_: Callable[[tf.Tensor], tf.Tensor]) -> Moments:
+    """The mean, biased variance and count of x [..., c] over every part: combine(count,
+    mean [c], M2 [c]) of this part gives every part's; sum_: a [2c] tensor summed over
+    the parts (the backward pass)."""
+
+    @tf.custom_gradient
+    def merged(x: tf.Tensor) -> tuple[tuple[tf.Tensor, ...], Callable]:
+        total, mean, m2 = combine(*_own_moments(x))
+        variance = m2 / total
+
+        def grad(dmean, dvariance, _dcount) -> tf.Tensor:
+            # d(mean)/dx = 1 / n and d(variance)/dx = 2 (x - mean) / n, n the count of
+            # every part, whose upstream gradients all count: one sum of both.
+            both = tf.concat([_zeros_if_none(dmean, mean),
+                              _zeros_if_none(dvariance, variance)], axis=0)
+            dmean, dvariance = tf.split(sum_(both), 2)
+            return _affine(x, mean, 2.0 * dvariance / total, dmean / total)
+
+        return (mean, variance, total), grad
+
+    return merged(x)
+
+
+def _own_moments(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """x's element count per channel (a float32 scalar), mean [c] and sum of squared
+    deviations from it [c], by the fused batch-norm kernel: in float32 whatever x's
+    type, in two passes, as one device's batch norm computes them (its normalized
+    output goes unused)."""
+    channels = x.shape[-1]
+    if x.shape[:-1].is_fully_defined():
+        count = tf.constant(float(x.shape[:-1].num_elements()))
+    else:
+        count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32)
+    empty = tf.constant([], tf.float32)
+    _, mean, corrected, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+        x=_as_4d(x), scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=empty,
+        variance=empty, is_training=True)
+    # The kernel's variance has Bessel's correction, n / (n - 1) (1 for a single value).
+    return count, mean, corrected * tf.maximum(count - 1.0, 1.0)
+
+
+def _affine(x: tf.Tensor, mean: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
+    """(x - mean) * scale + offset, per channel [c] of x [..., c], in one pass over x
+    (three in plain ops): the fused batch-norm kernel in inference mode computes
+    (x - mean) * scale / sqrt(variance + epsilon) + offset, here with variance 0 and
+    epsilon 1."""
+    y, *_ = tf.raw_ops.FusedBatchNormV3(
+        x=_as_4d(x), scale=scale, offset=offset, mean=mean, variance=tf.zeros_like(mean),
+        epsilon=1.0, is_training=False)
+    return y if x.shape.rank == 4 else tf.reshape(y, tf.shape(x))
+
+
+def _as_4d(x: tf.Tensor) -> tf.Tensor:
+    """x [..., c] as the fused kernel takes it, [n, h, w, c] (a view: [-1, 1, 1, c])."""
+    return x if x.shape.rank == 4 else tf.reshape(x, [-1, 1, 1, x.shape[-1]])
+
+
+def _merge(rows: tf.Tensor, channels: int) -> Moments:
+    """Rows [count, mean [c], M2 [c]] of every part merged exactly (Chan et al.): the
+    total count, the mean and the M2 of them all."""
+    counts = rows[:, :1]
+    means, m2s = rows[:, 1:1 + channels], rows[:, 1 + channels:]
+    total = tf.reduce_sum(counts)
+    mean = tf.reduce_sum(counts * means, axis=0) / total
+    m2 = tf.reduce_sum(m2s, axis=0) + tf.reduce_sum(counts * tf.square(means - mean), axis=0)
+    return total, mean, m2
+
+
+def _sum_over_processes(count: tf.Tensor, mean: tf.Tensor, m2: tf.Tensor,
+                        sum_processes: Sum) -> Moments:
+    """A process's count, mean and M2 combined with every process's through one sum of
+    [n, n mean, M2 + n mean^2] in float64: the processes share no value to shift by,
+    and float64 keeps the variance's float32 digits while the mean is within 10^4
+    standard deviations of 0 (S2 - n mean^2 cancels about 2 log10(mean / std) of
+    float64's 16 digits)."""
+    n, mean64, m2_64 = (tf.cast(t, tf.float64) for t in (count, mean, m2))
+    summed = sum_processes(tf.concat([n[None], n * mean64, m2_64 + n * tf.square(mean64)], 0))
+    total = summed[0]
+    mean64 = summed[1:1 + mean.shape[0]] / total
+    m2_64 = summed[1 + mean.shape[0]:] - total * tf.square(mean64)
+    return tuple(tf.cast(t, tf.float32) for t in (total, mean64, m2_64))
+
+
+def _zeros_if_none(grad: tf.Tensor | None, like: tf.Tensor) -> tf.Tensor:
+    return tf.zeros_like(like) if grad is None else grad
 
 
 def _group_key(devices: tuple[str, ...]) -> int:

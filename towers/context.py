@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from towers import batch_stats
-from towers.batch_stats import Sum
+from towers.batch_stats import TowerSums
 from towers.example_random import ExampleDraws
 
 Features = tf.Tensor | Mapping[str, tf.Tensor]
@@ -32,10 +32,11 @@ class TowerContext:
         asked for without a dtype are read in it. Values a model keeps in float32
         (embedding rows looked up by integer ids) are cast to it where they enter
         the compute.
-    batch_sum: with synchronized batch norm (build_train_op's batch_norm="sync"), a
-        float32 tensor summed over every tower of the step (and every process), with
-        its gradient; None when each tower's batch statistics are its own. Every
-        tower must make the same calls in the same order (towers.batch_stats).
+    batch_sum: with synchronized batch norm (build_train_op's batch_norm="sync"), the
+        tower's handle on the statistics of every tower of the step (and every
+        process): called with a float32 tensor, its sum, with its gradient;
+        batch_moments uses it. None when each tower's batch statistics are its own.
+        Every tower must make the same calls in the same order (towers.batch_stats).
     draws: the tower's examples' own random draws (``draws.uniform(shape)``: float32
         [num_examples, *shape]), each a function of the example's position in the data
         and the draw's number, so dropout masks are the same however the batch is
@@ -48,7 +49,7 @@ class TowerContext:
     is_training: bool
     num_examples: Any = None
     compute_dtype: tf.DType = tf.float32
-    batch_sum: Sum | None = None
+    batch_sum: TowerSums | None = None
     draws: ExampleDraws | None = None
 
     def batch_moments(self, x: tf.Tensor, axes: Sequence[int]

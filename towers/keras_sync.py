@@ -20,13 +20,13 @@ from collections.abc import Iterator, Sequence
 import tensorflow as tf
 
 from towers import batch_stats
-from towers.batch_stats import Sum
+from towers.batch_stats import TowerSums
 
 _BACKEND = "keras.src.backend.tensorflow.nn"
 
 
 @contextlib.contextmanager
-def synchronized_moments(batch_sum: Sum | None) -> Iterator[None]:
+def synchronized_moments(batch_sum: TowerSums | None) -> Iterator[None]:
     """Inside, Keras' synchronized moments sum over the towers with `batch_sum`; None,
     or Keras not imported (only a model that imported it makes Keras layers): no change."""
     backend = sys.modules.get(_BACKEND)

@@ -20,18 +20,18 @@ runs the warm-up, then answers requests over a pipe:
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import resource
 import time
 import traceback
 
 from launch.bench.cases import BuiltCase, build_towers_case
 from launch.bench.input_case import build_input_case
+from launch.bench.job_case import build_job_case
 from launch.bench.mirrored import build_mirrored_case
 from launch.bench.settings import FLOAT32, RUN_TIMEOUT_SECS, Settings, Variant
 from launch.config import ModelConfig
 from launch.log import quiet_tensorflow, use_graph_mode
-
-BUILD_TIMEOUT_SECS = 600  # one in-process row: TensorFlow import, graph build, warm-up
 
 
 def case_spec(settings: Settings, mode: str, devices: int,
@@ -53,6 +53,8 @@ def build_case(spec: dict) -> BuiltCase:
         use_graph_mode()
     if spec.get("input"):
         return build_input_case(spec)
+    if "overrides" in spec:
+        return build_job_case(spec)
     from launch import modelref
 
     model = modelref.resolve(ModelConfig(spec["model"], spec["params"], spec["model_path"],
@@ -108,10 +110,15 @@ def profile_case(case: BuiltCase, steps: int, logdir: str) -> dict:
     return {"trace": files[-1]} if files else {"error": "the profiler wrote no trace"}
 
 
-class CaseProcess:
-    """The parent's handle on one serve_case subprocess."""
+class NoAnswer(RuntimeError):
+    """A row's process did not answer within its time, or ended without answering."""
 
-    def __init__(self, spec: dict):
+
+class CaseProcess:
+    """The parent's handle on one serve_case subprocess; each request is answered
+    within `timeout` seconds or raises NoAnswer."""
+
+    def __init__(self, spec: dict, timeout: float = RUN_TIMEOUT_SECS):
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")  # a fresh TensorFlow per row
@@ -120,10 +127,11 @@ class CaseProcess:
         self.process.start()
         child.close()
         self.spec = spec
+        self.timeout = timeout
         self.facts: dict = {}
 
     def ready(self) -> dict:
-        self.facts = self._receive(BUILD_TIMEOUT_SECS)
+        self.facts = self._receive(self.timeout)
         if "error" in self.facts:
             raise RuntimeError(f"{self.spec['mode']} on {self.spec['devices']} device(s) "
                                f"failed to build:\n{self.facts['error']}")
@@ -131,7 +139,7 @@ class CaseProcess:
 
     def time_block(self, steps: int) -> float:
         self.conn.send(("time", steps))
-        return self._receive(RUN_TIMEOUT_SECS)
+        return self._receive(self.timeout)
 
     def peak_rss(self) -> int:
         self.conn.send(("rss",))
@@ -145,13 +153,17 @@ class CaseProcess:
     def profile(self, steps: int, logdir: str) -> dict:
         """profile_case's answer, from the row's process."""
         self.conn.send(("profile", steps, logdir))
-        return self._receive(RUN_TIMEOUT_SECS)
+        return self._receive(self.timeout)
 
     def _receive(self, timeout: float):
         if not self.conn.poll(timeout):
-            raise RuntimeError(f"{self.spec['mode']} on {self.spec['devices']} device(s) "
-                               f"did not answer within {timeout:g} s")
-        return self.conn.recv()
+            raise NoAnswer(f"did not answer within {timeout:g} s (--timeout)")
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            raise NoAnswer(f"its process ended without answering (exit status "
+                           f"{self.process.exitcode})") from None
 
     def stop(self) -> None:
         """Ask the process to end, without waiting: stopping every row before joining
@@ -161,9 +173,49 @@ class CaseProcess:
         except OSError:  # already gone, or already asked
             pass
 
+    def kill(self) -> None:
+        """End the process now: it did not answer, so it would not read a stop."""
+        self.process.kill()
+        self.process.join()
+
     def close(self) -> None:
         self.stop()
         self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+
+
+def start_in_turns(specs: dict[int, dict], timeout: float,
+                   at_once: int) -> tuple[dict[int, CaseProcess], dict[int, str]]:
+    """A case process for each spec, at most `at_once` building at a time (a build
+    imports TensorFlow and builds a graph: many at once on a few cores miss every
+    deadline); returns ({index: ready CaseProcess}, {index: why it is not ready}: the
+    build's last error line, or that it did not answer within `timeout`)."""
+    waiting = list(specs.items())
+    building: dict[int, tuple[CaseProcess, float]] = {}
+    ready: dict[int, CaseProcess] = {}
+    failed: dict[int, str] = {}
+    while waiting or building:
+        while waiting and len(building) < at_once:
+            i, spec = waiting.pop(0)
+            building[i] = (CaseProcess(spec, timeout), time.monotonic() + timeout)
+        first_deadline = min(deadline for _, deadline in building.values())
+        answered = multiprocessing.connection.wait(
+            [case.conn for case, _ in building.values()],
+            max(0.0, first_deadline - time.monotonic()))
+        for i, (case, deadline) in list(building.items()):
+            if case.conn in answered:
+                try:
+                    case.ready()
+                    ready[i] = case
+                except RuntimeError as err:
+                    failed[i] = str(err).strip().splitlines()[-1]
+            elif time.monotonic() >= deadline:
+                failed[i] = f"did not answer within {timeout:g} s (--timeout)"
+            else:
+                continue
+            del building[i]
+            if i in failed:
+                case.kill()
+    return ready, failed

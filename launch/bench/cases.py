@@ -54,10 +54,12 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int,
     """A session running `towers.build_train_op` on /cpu:0../cpu:N-1 with the batch held
     in the graph (no input pipeline cost, as tf_cnn_benchmarks does), computing as
     `variant` says, in a process in graph mode (launch.log.use_graph_mode).
-    facts["step_flops"]: the profiler's count for one step."""
+    facts["step_flops"]: the profiler's count for one step; facts["kernels"]: its
+    convolutions and matrix products (launch.kernels), each with its runs per step."""
     import tensorflow as tf
 
     import towers
+    from launch.kernels import kernels_of, ops_run_by
 
     x, y = synthetic_batch(model.input_spec, batch)
     graph = tf.Graph()
@@ -78,6 +80,7 @@ def build_towers_case(model, batch: int, mode: str, num_towers: int,
             "variable_bytes": bytes_of(tf.compat.v1.global_variables()),
             "variables": len(tf.compat.v1.global_variables()),
             "step_flops": step_flops(graph, ops.train_op),
+            "kernels": kernels_of(ops_run_by(ops.train_op)),
         }
         graph.finalize()
     config = tf.compat.v1.ConfigProto(device_count={"CPU": num_towers})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from launch.bench.cases import BuiltCase
+from launch.bench.job_case import training_step
 from launch.config import JobConfig, from_dict
 
 
@@ -26,33 +27,24 @@ def _job(spec: dict, pipeline_only: bool) -> JobConfig:
 def build_input_case(spec: dict) -> BuiltCase:
     """One row in this (graph-mode) process: the job's training graph fed by its input
     (``spec['data']``), or with ``spec['pipeline_only']`` the input alone on one thread."""
+    job = _job(spec, spec["pipeline_only"])
+    if not spec["pipeline_only"]:
+        return training_step(job)
     import tensorflow as tf
 
     from launch.runtime.inputs import training_input
     from launch.runtime.plan import make_plan
-    from launch.runtime.training_graph import build_training_graph
 
-    job = _job(spec, spec["pipeline_only"])
     plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
-        if spec["pipeline_only"]:
-            feed = training_input(plan, job.train.batch_size)
-            fetch = feed.features
-            init = feed.initializer
-        else:
-            built = build_training_graph(job, plan)
-            ops, feed = built.ops, built.input
-            fetch = ops.train_op
-            init = tf.group(tf.compat.v1.global_variables_initializer(),
-                            tf.compat.v1.local_variables_initializer(), feed.initializer)
+        feed = training_input(plan, job.train.batch_size)
+        batch = feed.features
     session = tf.compat.v1.Session(graph=graph, config=plan.session)
-    session.run(init)
-    if not spec["pipeline_only"]:
-        session.run(ops.sync_op)
+    session.run(feed.initializer)
 
     def run(steps: int) -> None:
         for _ in range(steps):
-            session.run(fetch)
+            session.run(batch)
 
     return BuiltCase(run, {}, dict, lambda values: None)

@@ -29,8 +29,10 @@ def step_flops(graph, train_op) -> int:
     """FLOPs of one run of `train_op` in `graph` (static shapes), by the profiler."""
     import tensorflow as tf
 
+    from launch.kernels import ops_run_by
+
     v1 = tf.compat.v1
-    needed = _ops_run_by(train_op)
+    needed = {op.name for op in ops_run_by(train_op)}
     options = v1.profiler.ProfileOptionBuilder.float_operation()
     options["output"] = "none"
     with _quiet_profiler():
@@ -43,19 +45,6 @@ def step_flops(graph, train_op) -> int:
             total += node.float_ops
         todo.extend(node.children)
     return total
-
-
-def _ops_run_by(op) -> set[str]:
-    """Names of every op `op` depends on (data and control inputs), itself included."""
-    seen = {op.name}
-    todo = [op]
-    while todo:
-        current = todo.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent.name not in seen:
-                seen.add(parent.name)
-                todo.append(parent)
-    return seen
 
 
 def _quiet_profiler():

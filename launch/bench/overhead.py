@@ -71,8 +71,8 @@ def build_case(job, name: str, exporter) -> Case:
     import tensorflow as tf
 
     from launch import metrics
-    from launch.runtime.hooks import ProgressHook
     from launch.runtime.plan import make_plan
+    from launch.runtime.progress import ProgressHook
     from launch.runtime.training_graph import build_training_graph
 
     plan = make_plan(job)

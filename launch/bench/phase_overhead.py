@@ -90,9 +90,9 @@ def build_case(job, name: str, phases_on: bool) -> tuple[Case, TimedHook | None]
     """One job's training graph and a MonitoredSession running it, hooks as in train()."""
     import tensorflow as tf
 
-    from launch.runtime.hooks import ProgressHook
     from launch.runtime.plan import make_plan
-    from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
+    from launch.runtime.progress import ProgressHook
+    from launch.runtime.step_phases import StepPhaseHook, StepPhases
     from launch.runtime.training_graph import build_training_graph
 
     plan = make_plan(job)
@@ -103,7 +103,7 @@ def build_case(job, name: str, phases_on: bool) -> tuple[Case, TimedHook | None]
         phases = StepPhases()
         progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
                                 plan.process_batch_size, 10**9, 10**9, None, lambda line: None,
-                                phases=lambda: shares_text(phases.take_window()))
+                                phases=phases.window_text)
         hooks = [progress]
         if phases_on:
             timed = TimedHook(StepPhaseHook(phases, job.train.phase_sample_secs))

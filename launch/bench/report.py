@@ -10,6 +10,7 @@ import os
 import platform
 import sys
 
+from launch.bench.ceiling import fraction_of_ceiling
 from launch.bench.settings import MODES, SINGLE, Row, Settings
 
 
@@ -130,6 +131,8 @@ def records(rows: list[Row], peaks: dict[str, float | None] | None = None) -> li
             "flops_per_example": row.flops_per_example,
             "flops_per_sec": flops,
             "fraction_of_peak": of_peak,
+            "kernel_ceiling": row.kernel_ceiling,
+            "fraction_of_ceiling": fraction_of_ceiling(row, rows),
             "peak_rss_bytes": row.peak_rss_bytes,
             "gradient_bytes_per_step": row.gradient_bytes,
             "blocks": len(row.rates),
@@ -149,7 +152,8 @@ def mib(value) -> str:
 
 COLUMNS = ("mode", "devices", "variant", "examples/sec median", "min", "max",
            "ratio to 1 device", "ratio to mirrored", "ratio to base variant", "MFLOP/example",
-           "GFLOP/s", "of peak", "peak RSS MiB", "gradient MiB/step")
+           "GFLOP/s", "of peak", "kernel ceiling", "of ceiling", "peak RSS MiB",
+           "gradient MiB/step")
 
 
 def markdown_table(rows: list[Row], peaks: dict[str, float | None] | None = None) -> str:
@@ -171,6 +175,8 @@ def markdown_table(rows: list[Row], peaks: dict[str, float | None] | None = None
             _scaled(record["flops_per_example"], 1e6, ".3g"),
             _scaled(record["flops_per_sec"], 1e9, ".2f"),
             _fmt(record["fraction_of_peak"], ".1%"),
+            _fmt(record["kernel_ceiling"], ".2f"),
+            _fmt(record["fraction_of_ceiling"], ".1%"),
             mib(record["peak_rss_bytes"]),
             mib(record["gradient_bytes_per_step"]),
         ]
@@ -186,7 +192,12 @@ def peak_text(about: dict) -> str:
     """The peak matmuls and what they say about this CPU's 16-bit arithmetic, in words."""
     peaks = ", ".join(f"{t} {f / 1e9:.1f} GFLOP/s" for t, f in about["peak_flops"].items() if f)
     notes = "".join(f"; {t}: {note}" for t, note in about["number_types"].items())
-    return f"peak ({about['peak_matmul']}x{about['peak_matmul']} matmul, median): {peaks}{notes}"
+    share = about.get("kernel_share")
+    kernels = (f"\nthe model's convolutions and matrix products, timed alone, take "
+               f"{share:.0%} of its float32 step on 1 device; a 16-bit row's kernel ceiling "
+               "is how much faster they run in its type" if share else "")
+    return (f"peak ({about['peak_matmul']}x{about['peak_matmul']} matmul, median): "
+            f"{peaks}{notes}{kernels}")
 
 
 def write_outputs(out: str, rows: list[Row], about: dict) -> list[str]:

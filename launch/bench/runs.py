@@ -86,28 +86,25 @@ _HOROVOD_PREFIX = re.compile(r"^\[(?:\d+,)?(\d+)\]<stdout>:(.*)$")
 
 
 def cluster_rate(mode: str, stdout: str, stderr: str) -> float:
-    """Examples/sec of a whole multi-process run, from the processes' JSON results.
-
-    ps_worker: the sum of every worker's last result (each trains its share of
-    the global batch), relayed by local-cluster on stderr as `[workerI] {...}`.
-    collective: worker 0's; the workers step together, each reporting the whole job.
-    horovod: rank 0's last result, which reports the whole job.
+    """Examples/sec of a whole multi-process run: the job's, as its chief (worker 0,
+    relayed by local-cluster on stderr as `[worker0] {...}`) or Horovod's rank 0 reports
+    it in its JSON result (`job_examples_per_sec`, every worker's or rank's examples).
     """
     if mode in ("ps_worker", "collective"):
-        last: dict[str, float] = {}
+        results = []
         for line in stderr.splitlines():
-            match = re.match(r"^\[(worker\d+)\] (\{.*\})\s*$", line)
+            match = re.match(r"^\[worker0\] (\{.*\})\s*$", line)
             if match:
-                last[match.group(1)] = json.loads(match.group(2))["examples_per_sec"]
-        if not last:
-            raise RuntimeError("no worker reported a result")
-        return sum(last.values()) if mode == "ps_worker" else last["worker0"]
+                results.append(json.loads(match.group(1))["job_examples_per_sec"])
+        if not results:
+            raise RuntimeError("the chief reported no result")
+        return results[-1]
     results = []
     for line in stdout.splitlines():
         match = _HOROVOD_PREFIX.match(line)
         rank, text = (match.group(1), match.group(2)) if match else ("0", line)
         if rank == "0" and text.strip().startswith("{"):
-            results.append(json.loads(text)["examples_per_sec"])
+            results.append(json.loads(text)["job_examples_per_sec"])
     if not results:
         raise RuntimeError("rank 0 reported no result")
     return results[-1]

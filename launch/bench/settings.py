@@ -21,7 +21,12 @@ from launch.errors import BadInput
 MODES = ("parameter_server", "replicated", "mirrored", "ps_worker", "collective", "horovod")
 IN_PROCESS_MODES = ("parameter_server", "replicated", "mirrored")
 SINGLE = "1 device"
-RUN_TIMEOUT_SECS = 900  # one whole multi-process run; bounded so a hung peer cannot stall us
+# How long a row may take to answer (its build and warm-up, a timed block, a whole
+# multi-process run) before it is reported as not answering; --timeout.
+RUN_TIMEOUT_SECS = 900
+# In-process rows building at once: each imports TensorFlow and builds its graph, and
+# many at once on a few cores (a loaded machine) made every row miss its deadline.
+BUILDS_AT_ONCE = 2
 
 # What a row is measured with unless an option says otherwise; --input measures 1 device.
 DEFAULTS = {"towers": (1, 2, 4), "steps": 20, "warmup": 10, "repeats": 5}
@@ -112,6 +117,7 @@ class Settings:
     each of the first rounds. data_options: --input: the job's input pipeline keys
     (num_parallel_calls, prefetch, threads, shuffle_buffer) every input row uses.
     profile: --profile: the directory for a profiler trace of each in-process row.
+    timeout: seconds a row may take to answer (RUN_TIMEOUT_SECS).
     """
 
     model: str
@@ -130,12 +136,14 @@ class Settings:
     model_path: str | None = None
     job_dir: str | None = None
     profile: str | None = None
+    timeout: float = RUN_TIMEOUT_SECS
 
 
 @dataclass
 class Row:
     """One line of the report. rates: examples/sec of each timed block, in order.
-    flops_per_example: of a training step, from the variant's 1-device graph."""
+    flops_per_example: of a training step, from the variant's 1-device graph.
+    kernel_ceiling: a 16-bit row's ceiling (launch.bench.ceiling), or None."""
 
     mode: str
     devices: int
@@ -146,6 +154,7 @@ class Row:
     flops_per_example: float | None = None
     skipped: str | None = None
     cpu_ms_per_example: float | None = None  # --input: the row's CPU time per example
+    kernel_ceiling: float | None = None
 
     @property
     def median(self) -> float | None:
@@ -181,15 +190,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows with each towers.pack_gradients_bytes (default: the "
                         "job's); 0 sends gradients unpacked. It changes the collective "
                         "rows only (nothing else is packed)")
-    parser.add_argument("--steps", type=int, metavar="N",
-                        help=f"steps per timed block (default {DEFAULTS['steps']})")
-    parser.add_argument("--warmup", type=int, metavar="N",
-                        help=f"steps discarded first (default {DEFAULTS['warmup']})")
-    parser.add_argument("--repeats", type=int, metavar="N",
-                        help="timed blocks per row, interleaved across rows "
-                        f"(default {DEFAULTS['repeats']})")
+    add_block_arguments(parser, DEFAULTS, "row")
     parser.add_argument("--runs", type=int, metavar="N",
                         help="whole runs per ps_worker/horovod row (default: --repeats)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="how long a row may take to build, to time a block or to run "
+                        "whole before it is reported as not answering and the others go on "
+                        f"(default {RUN_TIMEOUT_SECS:g})")
     parser.add_argument("--out", metavar="DIR", help="also write bench.csv, bench.json, bench.png")
     parser.add_argument(
         "--profile", nargs="?", const=PROFILE_DIR, metavar="DIR",
@@ -210,6 +217,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
         f"STEPS (default {MEMORY_STEPS}) steps of towers train",
     )
+
+
+def add_block_arguments(parser: argparse.ArgumentParser, defaults: dict, each: str) -> None:
+    """--steps, --warmup and --repeats: the timed blocks of each `each` (row, candidate)."""
+    parser.add_argument("--steps", type=int, metavar="N",
+                        help=f"steps per timed block (default {defaults['steps']})")
+    parser.add_argument("--warmup", type=int, metavar="N",
+                        help=f"steps discarded first (default {defaults['warmup']})")
+    parser.add_argument("--repeats", type=int, metavar="N",
+                        help=f"timed blocks per {each}, interleaved across {each}s "
+                        f"(default {defaults['repeats']})")
 
 
 def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
@@ -240,6 +258,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
         model_path=job.model.path,
         job_dir=job.model.job_dir,
         profile=args.profile,
+        timeout=args.timeout if args.timeout is not None else RUN_TIMEOUT_SECS,
     )
     check_settings(settings)
     check_installed(settings)
@@ -343,6 +362,8 @@ def check_settings(settings: Settings) -> None:
             raise BenchError(f"--{name} must be at least 1")
     if settings.warmup < 0:
         raise BenchError("--warmup must be at least 0")
+    if settings.timeout <= 0:
+        raise BenchError("--timeout must be a positive number of seconds")
     import towers  # the rule and its wording; TensorFlow is imported by now
 
     micro = max(v.accumulate for v in settings.variants)

@@ -14,7 +14,8 @@ import datetime
 import os
 from collections.abc import Callable
 
-from launch.bench.case_process import CaseProcess, case_spec
+from launch.bench.case_process import CaseProcess, case_spec, start_in_turns
+from launch.bench.ceiling import Ceilings
 from launch.bench.limits import PEAK_SIZE, Peak, number_type_notes
 from launch.bench.mirrored import UNSUPPORTED
 from launch.bench.report import (
@@ -27,6 +28,7 @@ from launch.bench.report import (
 )
 from launch.bench.runs import ClusterCase, horovod_missing
 from launch.bench.settings import (
+    BUILDS_AT_ONCE,
     IN_PROCESS_MODES,
     PROFILE_STEPS,
     SINGLE,
@@ -45,47 +47,66 @@ def plan_rows(settings: Settings) -> list[Row]:
 
 
 def run_bench(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], dict]:
-    """Measure every row; returns the rows and facts about the run (model, machine ...)."""
+    """Measure every row; returns the rows and facts about the run (model, machine ...).
+    A row that fails or stops answering is reported as such; the others are measured."""
     check_settings(settings)
     started = datetime.datetime.now(datetime.UTC)
     rows = plan_rows(settings)
     cases: dict[int, CaseProcess | ClusterCase] = {}
     peaks: dict[str, Peak] = {}
+    ceilings = None
     try:
         facts = _start_cases(settings, rows, cases, peaks, write)
+        ceilings = Ceilings({v: f["kernels"] for (mode, v), f in facts.items()
+                             if mode == SINGLE and "kernels" in f})
         runs = settings.repeats if settings.run_repeats is None else settings.run_repeats
         for repeat in range(settings.repeats):
             write(f"round {repeat + 1}/{settings.repeats}")
-            for i, case in cases.items():
+            for i, case in list(cases.items()):
                 if isinstance(case, CaseProcess) or repeat < runs:
-                    _time_one(rows[i], case, settings)
-            for peak in peaks.values():
-                peak.time_block()
-        _finish_rows(rows, cases, facts)
+                    _time_one(rows[i], case, settings, cases, i)
+            for timed in [*peaks.values(), ceilings]:
+                timed.time_block()
+        _finish_rows(rows, cases, facts, ceilings)
         if settings.profile:
             _profile_rows(rows, cases, settings, write)
     finally:
         processes = [case for case in cases.values() if isinstance(case, CaseProcess)]
         for case in processes:
             case.stop()
-        for case in [*processes, *peaks.values()]:
+        for case in [*processes, *peaks.values(), *([ceilings] if ceilings else [])]:
             case.close()
-    about = describe_run(settings, facts[(SINGLE, settings.variants[0])], started)
+    about = describe_run(settings, facts.get((SINGLE, settings.variants[0]), {}), started)
     about["peak_matmul"] = PEAK_SIZE
     about["peak_flops"] = {t: p.median for t, p in peaks.items()}
     about["number_types"] = number_type_notes(list(peaks))
+    about["kernel_share"] = _kernel_share(rows, ceilings, settings.batch)
     return rows, about
 
 
-def _finish_rows(rows: list[Row], cases: dict, facts: dict) -> None:
-    """Gradient bytes, FLOPs per example and peak RSS of every row."""
+def _finish_rows(rows: list[Row], cases: dict, facts: dict, ceilings: Ceilings) -> None:
+    """Gradient bytes, FLOPs per example, peak RSS and kernel ceiling of every row."""
     for i, row in enumerate(rows):
-        single = facts.get((SINGLE, row.variant), {})
-        row.gradient_bytes = gradient_bytes(row.mode, row.devices, single["trainable_bytes"],
-                                            row.variant.gradient_dtype)
-        row.flops_per_example = single["step_flops"] / single["batch"]
+        single = facts.get((SINGLE, row.variant))
+        if single:
+            row.gradient_bytes = gradient_bytes(row.mode, row.devices,
+                                                single["trainable_bytes"],
+                                                row.variant.gradient_dtype)
+            row.flops_per_example = single["step_flops"] / single["batch"]
+        row.kernel_ceiling = ceilings.of(row.variant)
         if isinstance(cases.get(i), CaseProcess):
-            row.peak_rss_bytes = cases[i].peak_rss()
+            try:
+                row.peak_rss_bytes = cases[i].peak_rss()
+            except RuntimeError:  # it stopped answering since its last block
+                pass
+
+
+def _kernel_share(rows: list[Row], ceilings: Ceilings | None, batch: int) -> float | None:
+    """The share of the float32 1-device step its kernels take, timed alone."""
+    base = next((r for r in rows if r.mode == SINGLE and r.variant.number_type == "float32"
+                 and r.median), None)
+    seconds = ceilings.float32_seconds(base.variant) if base and ceilings else None
+    return seconds / (batch / base.median) if seconds else None
 
 
 def _profile_rows(rows: list[Row], cases: dict, settings: Settings,
@@ -102,7 +123,10 @@ def _profile_rows(rows: list[Row], cases: dict, settings: Settings,
             continue
         name = "-".join([row.mode.replace(" ", "_"), str(row.devices),
                          *([_slug(row.variant.label)] if len(settings.variants) > 1 else [])])
-        answer = case.profile(PROFILE_STEPS, os.path.join(settings.profile, name))
+        try:
+            answer = case.profile(PROFILE_STEPS, os.path.join(settings.profile, name))
+        except RuntimeError as err:
+            answer = {"error": str(err)}
         if "trace" in answer:
             write(f"profile of {PROFILE_STEPS} steps of {row.mode} on {row.devices} "
                   f"device(s) ({row.variant.label}): {answer['trace']}")
@@ -119,40 +143,39 @@ def _slug(label: str) -> str:
 
 def _start_cases(settings: Settings, rows: list[Row], cases: dict, peaks: dict,
                  write: Callable[[str], None]) -> dict:
-    """Fills `cases` (row index -> its case; rows that cannot run here are marked
-    skipped instead) and `peaks` (number type -> its peak matmul, built here while the
-    rows build), waits for the in-process rows to build, and returns their graph facts
-    by (row mode, variant)."""
+    """Fills `cases` (row index -> its case; rows that cannot run here, or whose case
+    did not build, are marked skipped or failed instead) and `peaks` (number type ->
+    its peak matmul, built here while the rows build), builds the in-process rows a
+    few at a time, and returns their graph facts by (row mode, variant)."""
     missing = horovod_missing() if "horovod" in settings.modes else None
+    specs = {}
     for i, row in enumerate(rows):
         row.skipped = cannot_run(row, missing)
         if row.skipped:
             continue
         if row.mode in (SINGLE, *IN_PROCESS_MODES):
             mode = "parameter_server" if row.mode == SINGLE else row.mode
-            cases[i] = CaseProcess(case_spec(settings, mode, row.devices, row.variant))
+            specs[i] = case_spec(settings, mode, row.devices, row.variant)
         else:
             cases[i] = ClusterCase(settings, row)
-    in_process = {i: case for i, case in cases.items() if isinstance(case, CaseProcess)}
     number_types = list(dict.fromkeys(v.number_type for v in settings.variants))
-    write(f"building {len(in_process)} in-process rows (one process each) and "
-          f"{len(number_types)} peak matmul(s)")
+    write(f"building {len(specs)} in-process rows (one process each, {BUILDS_AT_ONCE} at a "
+          f"time) and {len(number_types)} peak matmul(s)")
     for number_type in number_types:
         peaks[number_type] = Peak(number_type)
-    facts = {}
-    for i, case in in_process.items():
-        try:
-            facts[(rows[i].mode, rows[i].variant)] = {**case.ready(), "batch": settings.batch}
-        except RuntimeError as err:
-            if rows[i].mode == SINGLE:
-                raise  # the baseline of every ratio
-            reason = str(err).strip().splitlines()[-1]
-            # The mirrored row cannot run a model with Keras layers: a skip, not a failure.
-            unsupported = UNSUPPORTED in reason
-            rows[i].skipped = reason.partition(": ")[2] if unsupported else f"failed: {reason}"
-            case.close()
-            del cases[i]
-    return facts
+    ready, failed = start_in_turns(specs, settings.timeout, BUILDS_AT_ONCE)
+    cases.update(ready)
+    for i, reason in failed.items():
+        # The mirrored row cannot run a model with Keras layers: a skip, not a failure.
+        unsupported = UNSUPPORTED in reason
+        rows[i].skipped = reason.partition(": ")[2] if unsupported else f"failed: {reason}"
+        write(f"{_name(rows[i])}: {rows[i].skipped}")
+    return {(rows[i].mode, rows[i].variant): {**case.facts, "batch": settings.batch}
+            for i, case in ready.items()}
+
+
+def _name(row: Row) -> str:
+    return f"{row.mode} on {row.devices} device(s) ({row.variant.label})"
 
 
 def cannot_run(row: Row, horovod_missing_reason: str | None) -> str | None:
@@ -171,19 +194,24 @@ def cannot_run(row: Row, horovod_missing_reason: str | None) -> str | None:
     return None
 
 
-def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings) -> None:
-    """One block of `row`: appends its examples/sec, or marks the row failed."""
+def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings,
+              cases: dict, index: int) -> None:
+    """One block of `row`: appends its examples/sec, or marks the row failed (and drops
+    its case, so the other rows go on)."""
     if row.skipped:
         return
-    if isinstance(case, CaseProcess):
-        seconds = case.time_block(settings.steps)
-        row.rates.append(settings.steps * settings.batch / seconds)
-        return
     try:
-        row.rates.append(case.time_block())
-    except (RuntimeError, ValueError) as err:  # a failed run, or a result that did not parse
+        if isinstance(case, CaseProcess):
+            seconds = case.time_block(settings.steps)
+            row.rates.append(settings.steps * settings.batch / seconds)
+        else:
+            row.rates.append(case.time_block())
+    except (RuntimeError, ValueError) as err:  # no answer, a failed run, a bad result
         row.skipped = f"failed: {err}"
         row.rates.clear()
+        del cases[index]
+        if isinstance(case, CaseProcess):
+            case.kill()
 
 
 def throughput_report(settings: Settings,

@@ -15,17 +15,20 @@ Modules, lowest first:
 * ``training``: the sections of how a job trains (``towers``, ``optimizer``, ``train``,
   ``eval``) and their vocabularies (``OPTIMIZERS``, ``PRECISIONS`` ...).
 * ``job``: ``JobConfig`` and the rest of its sections (``run``, ``data``, ``session``,
-  ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check.
+  ``metrics``, ``cluster``), each dataclass with its fields, defaults and cross check;
+  ``derived_comments``, the values a job implies but no key holds.
 * ``arrangements``: what each ``cluster.backend`` (in_process, ps_worker, collective,
-  horovod) refuses, and which one a command runs a job under (``choose``).
+  horovod) refuses, and which one a command runs a job under (``choose``,
+  ``train_is_task``).
 * ``loading``: YAML (duplicate and merge keys), ``--set`` overrides, ``ConfigError`` and
-  which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict`` and
-  ``dump_yaml``.
+  which source a failure is blamed on, ``load_job``, ``from_dict``, ``to_dict``,
+  ``dump_yaml`` and ``raw_job``.
 
 The names below are the package's interface; import them from ``launch.config``.
 """
 
-from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose
+from launch.config.arrangements import ARRANGEMENTS, BACKENDS, choose, train_is_task
+from launch.config.checks import AUTO
 from launch.config.data_options import (
     FEATURE_KINDS,
     PIXEL_KINDS,
@@ -40,13 +43,14 @@ from launch.config.job import (
     MetricsConfig,
     RunConfig,
     SessionConfig,
+    derived_comments,
 )
 from launch.config.loading import (
     ConfigError,
-    derived_comments,
     dump_yaml,
     from_dict,
     load_job,
+    raw_job,
     to_dict,
 )
 from launch.config.model_section import ModelConfig
@@ -63,6 +67,7 @@ from launch.config.training import (
 
 __all__ = [
     "ARRANGEMENTS",
+    "AUTO",
     "BACKENDS",
     "FEATURE_KINDS",
     "PIXEL_KINDS",
@@ -91,5 +96,7 @@ __all__ = [
     "dump_yaml",
     "from_dict",
     "load_job",
+    "raw_job",
     "to_dict",
+    "train_is_task",
 ]

@@ -5,7 +5,10 @@
 tasks), ``collective`` (`towers worker` tasks without ps tasks, all-reducing their
 gradients) or ``horovod`` (`towers train` ranks under horovodrun). ``auto``, the
 default, lets the command choose: `towers train` runs in one process, a cluster with ps
-tasks is a ps/worker job, one without is a collective job.
+tasks is a ps/worker job, one without is a collective job. Under a launcher (a Slurm
+step of several tasks, a Kubernetes Indexed Job: launch.distributed.cluster) every
+task runs `towers train` and is the ps or worker task the launcher makes it, unless
+cluster.backend says in_process (``train_is_task``).
 
 Each arrangement states here, once, what it cannot do (``check``); a job is checked
 against the arrangement it runs under as it loads (``check_arrangement``, called by
@@ -33,12 +36,15 @@ class ArrangementRules:
 
     where: how messages say "in such a job", e.g. 'in ps/worker jobs'. runs_as: how
     its processes are started, for the message of a command that does not start them.
+    tasks: its processes are the tasks of a cluster, each told its place; `towers
+    train` is one only under a launcher.
     """
 
     name: ClassVar[str]
     where: ClassVar[str]
     commands: ClassVar[tuple[str, ...]]
     runs_as: ClassVar[str]
+    tasks: ClassVar[bool] = False
 
     def check(self, job: JobConfig) -> None:
         """Invalid, naming the key, for a setting this arrangement cannot run."""
@@ -82,8 +88,10 @@ class InProcessRules(ArrangementRules):
 class PsWorkerRules(ArrangementRules):
     name = "ps_worker"
     where = "in ps/worker jobs"
-    commands = ("ps", "worker", "local-cluster")
-    runs_as = "`towers ps` and `towers worker` tasks (or `towers local-cluster`)"
+    commands = ("ps", "worker", "local-cluster", "train")
+    runs_as = ("`towers ps` and `towers worker` tasks (or `towers local-cluster`, or "
+               "`towers train` in every task of a Slurm step with cluster.ps_per_node)")
+    tasks = True
 
     def check(self, job: JobConfig) -> None:
         one_copy_per_process(job, "ps/worker jobs keep variables on the ps tasks")
@@ -96,8 +104,10 @@ class PsWorkerRules(ArrangementRules):
 class CollectiveRules(ArrangementRules):
     name = "collective"
     where = "in a collective job (no ps tasks)"
-    commands = ("worker", "local-cluster")
-    runs_as = "`towers worker` tasks (or `towers local-cluster --ps 0`)"
+    commands = ("worker", "local-cluster", "train")
+    runs_as = ("`towers worker` tasks (or `towers local-cluster --ps 0`, or `towers train` "
+               "in every task of a Slurm step or a Kubernetes Indexed Job)")
+    tasks = True
 
     def check(self, job: JobConfig) -> None:
         one_copy_per_process(job, "the towers inside each worker of a collective job (no ps "
@@ -148,21 +158,33 @@ def named(backend: str) -> ArrangementRules | None:
     return ARRANGEMENTS[backend]
 
 
+def train_is_task(backend: str) -> bool:
+    """Whether `towers train` under a launcher (a Slurm step of several tasks, an Indexed
+    Job) is the task the launcher makes it: unless cluster.backend says in_process, one
+    process whatever started it (each task of a step alone: a sweep, say)."""
+    return backend != InProcessRules.name
+
+
 def choose(backend: str, command: str | None, cluster: Collection[str]) -> str:
     """The arrangement ``command`` runs a job under, for a cluster of these jobs ('ps',
-    'worker', 'chief'; none for one process): the one cluster.backend names, or for auto
-    `towers train`'s one process, a ps/worker job where there are ps tasks, a collective
-    job where there are only workers. command None: whatever command runs the job
-    (`towers validate`). Invalid at cluster.backend for a named arrangement that the
-    command does not run or the cluster does not fit."""
+    'worker', 'chief'; none for one process, which `towers train` is but under a
+    launcher): the one cluster.backend names, or for auto one process, a ps/worker job
+    where there are ps tasks, a collective job where there are only workers. command
+    None: whatever command runs the job (`towers validate`). Invalid at cluster.backend
+    for a named arrangement that the command does not run or the cluster does not fit."""
     arrangement = named(backend)
     if arrangement is None:
-        if command == "train" or not cluster:
+        if not cluster:
             return InProcessRules.name
         return PsWorkerRules.name if "ps" in cluster else CollectiveRules.name
     if command is not None and command not in arrangement.commands:
         raise Invalid(f"{backend} runs as {arrangement.runs_as}, not `towers {command}`",
                       "cluster.backend")
+    if command == "train" and bool(cluster) != arrangement.tasks:
+        launchers = "a Slurm step of several tasks or of a Kubernetes Indexed Job"
+        raise Invalid(f"{backend} runs as {arrangement.runs_as}, not as a task of {launchers}"
+                      if cluster else f"{backend} runs as {arrangement.runs_as}; this `towers "
+                      f"train` is not a task of {launchers}", "cluster.backend")
     problem = arrangement.fits(cluster) if cluster else None
     if problem:
         raise Invalid(f"{backend}: {problem}; the cluster has {', '.join(sorted(cluster))}",

@@ -172,7 +172,12 @@ class ClusterConfig:
     ps / worker / chief / evaluator: the tasks' host:port addresses; all empty means
     in-process, or a cluster given by flags or TF_CONFIG instead.
     chief: optional, at most one (as Kubeflow's TFJob writes it); without it worker 0
-    is chief. evaluator: at most one; it runs no server. Timeouts bound every wait:
+    is chief. evaluator: at most one; it runs no server. Under a launcher that starts
+    every task and tells each its place (a Slurm step, a Kubernetes Indexed Job:
+    launch.distributed.cluster), ps_per_node is how many of each node's tasks are ps
+    tasks (0: none, a collective job), and port_base the port of each host's first
+    task, the next one on the host serving on port_base + 1 (None: from the Slurm job's
+    id, or 2222 in an Indexed Job). Timeouts bound every wait:
     startup for peers to come up, operation for a step (a dead peer becomes an
     error instead of a hang), shutdown grace for the last workers to report done,
     reconnect for a peer lost mid-job (a worker's ps tasks, a ps task's workers)
@@ -184,6 +189,8 @@ class ClusterConfig:
     worker: tuple[str, ...] = _field((), unique(tuple_of(host_port)))
     chief: tuple[str, ...] = _field((), tuple_of(host_port))
     evaluator: tuple[str, ...] = _field((), tuple_of(host_port))
+    ps_per_node: int = _field(0, number(int, ge=0))
+    port_base: int | None = _field(None, optional(number(int, gt=0, le=65535)))
     startup_timeout_secs: float = _field(120.0, number(float, gt=0))
     operation_timeout_secs: float = _field(300.0, number(float, gt=0))
     shutdown_grace_secs: float = _field(30.0, number(float, gt=0))
@@ -228,3 +235,20 @@ class JobConfig:
                 "loss-scale overflow cannot drop out of a synchronous step); use "
                 "mixed_bfloat16", "towers.precision", ["train.sync"],
             )
+
+
+def derived_comments(job: JobConfig) -> str:
+    """YAML comment lines with values the job implies but no key holds (the micro-batch,
+    the scaled learning rate), for `towers validate`; "" when there are none."""
+    lines = []
+    train, optimizer = job.train, job.optimizer
+    if train.accumulate_steps > 1:
+        lines.append(f"each update runs {train.accumulate_steps} micro-batches of about "
+                     f"{train.batch_size // train.accumulate_steps} examples "
+                     "(train.batch_size / train.accumulate_steps)")
+    if optimizer.reference_batch_size:
+        scale = train.batch_size / optimizer.reference_batch_size
+        lines.append(f"learning rates scaled by {scale:g} (train.batch_size / "
+                     f"optimizer.reference_batch_size): learning_rate "
+                     f"{optimizer.learning_rate:g} becomes {optimizer.learning_rate * scale:g}")
+    return "".join(f"# {line}\n" for line in lines)

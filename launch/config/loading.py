@@ -2,7 +2,8 @@
 
 ``load_job`` reads a file, applies ``--set key=value`` overrides and returns a
 ``JobConfig``; ``from_dict`` does the same for data already parsed; ``to_dict`` and
-``dump_yaml`` turn a job back into plain data / YAML that reads back to an equal job.
+``dump_yaml`` turn a job back into plain data / YAML that reads back to an equal job;
+``raw_job`` is the file and overrides as written, before any check.
 
 Every failure is one ``ConfigError`` line naming where the bad value came from (the
 file, or ``--set`` when an override set the key or one it depends on), the dotted key,
@@ -31,7 +32,7 @@ from launch.config.model_section import ModelConfig
 from launch.errors import BadInput
 from launch.log import log
 
-__all__ = ["ConfigError", "derived_comments", "dump_yaml", "from_dict", "load_job", "to_dict"]
+__all__ = ["ConfigError", "dump_yaml", "from_dict", "load_job", "raw_job", "to_dict"]
 
 BUILTIN_SOURCE = "<built-in>"
 OVERRIDE_SOURCE = "--set"
@@ -340,14 +341,22 @@ def load_job(
 
     Raises ConfigError for an unreadable file, bad YAML, or any invalid key or value.
     """
-    source = BUILTIN_SOURCE if path is None else str(path)
-    raw = {} if path is None else _read_file(str(path))
-    if raw is None:  # an empty file is the default job
-        raw = {}
-    _check_top_level(raw, source)
+    raw = raw_job(path)
     overridden = [_apply_override(raw, o) for o in overrides]
     job_dir = None if path is None else os.path.dirname(os.path.abspath(str(path)))
+    source = BUILTIN_SOURCE if path is None else str(path)
     return _make_job(raw, source, overridden, check_model, job_dir, arrangement)
+
+
+def raw_job(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The job file's mapping (``path=None``: the built-in job's, empty) with the
+    overrides applied, as written: no defaults, values unchecked (`towers tune`)."""
+    raw = {} if path is None else _read_file(str(path))
+    raw = {} if raw is None else raw  # an empty file is the default job
+    _check_top_level(raw, BUILTIN_SOURCE if path is None else str(path))
+    for override in overrides:
+        _apply_override(raw, override)
+    return raw
 
 
 def from_dict(
@@ -370,26 +379,9 @@ def to_dict(job: JobConfig) -> dict[str, Any]:
     return _thaw(job)
 
 
-def derived_comments(job: JobConfig) -> str:
-    """YAML comment lines with values the job implies but no key holds (the micro-batch,
-    the scaled learning rate), for `towers validate`; "" when there are none."""
-    lines = []
-    train, optimizer = job.train, job.optimizer
-    if train.accumulate_steps > 1:
-        lines.append(f"each update runs {train.accumulate_steps} micro-batches of about "
-                     f"{train.batch_size // train.accumulate_steps} examples "
-                     "(train.batch_size / train.accumulate_steps)")
-    if optimizer.reference_batch_size:
-        scale = train.batch_size / optimizer.reference_batch_size
-        lines.append(f"learning rates scaled by {scale:g} (train.batch_size / "
-                     f"optimizer.reference_batch_size): learning_rate "
-                     f"{optimizer.learning_rate:g} becomes {optimizer.learning_rate * scale:g}")
-    return "".join(f"# {line}\n" for line in lines)
-
-
-def dump_yaml(job: JobConfig) -> str:
-    """The resolved job as YAML text that load_job reads back to an equal JobConfig."""
+def dump_yaml(job: JobConfig | Mapping[str, Any]) -> str:
+    """The job (or raw_job's mapping) as YAML that load_job reads back to an equal job."""
     return yaml.dump(
-        to_dict(job), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
-        allow_unicode=True,
+        to_dict(job) if isinstance(job, JobConfig) else job, Dumper=_Dumper,
+        sort_keys=False, default_flow_style=False, allow_unicode=True,
     )

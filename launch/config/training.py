@@ -204,10 +204,12 @@ class TrainConfig:
     # end the process (exit status 138, retryable).
     stall_warning_secs: float = _field(60.0, number(float, gt=0))
     stall_abort_secs: float | None = _field(None, optional(number(float, gt=0)))
-    # ps/worker: a worker whose own time per step is straggler_ratio times the others'
-    # median for straggler_steps steps is named by the chief.
+    # ps/worker, Horovod: a worker whose own time per step is straggler_ratio times the
+    # others' median, and straggler_min_secs more, for straggler_steps of the chief's
+    # steps (and a window of its own) is named by the chief.
     straggler_ratio: float = _field(1.5, number(float, gt=1))
     straggler_steps: int = _field(50, positive_int)
+    straggler_min_secs: float = _field(0.02, number(float, ge=0))
     # A Chrome trace-event file of this process's session runs timeline_steps[0]..[1].
     timeline: str | None = _field(None, optional(string))
     timeline_steps: tuple[int, ...] = _field((5, 15), tuple_of(positive_int))
@@ -242,8 +244,12 @@ class EvalConfig:
     """eval: each evaluation scores every example of the evaluation data once, in batches
     of batch_size; steps, when set, stops it after that many batches. Generated data
     (synthetic, builtin) is scored on steps batches instead, 20 when steps is null.
-    every_secs is the --watch interval."""
+    every_secs is the --watch interval. precision: what the towers compute in: float32,
+    as the exported model does (its scores agree with the SavedModel's to 1e-5), or
+    training, towers.precision (faster where 16 bits are; scores differ from the
+    export's by 16-bit rounding, about 1e-3 in bfloat16)."""
 
     steps: int | None = _field(None, optional(positive_int))
     batch_size: int = _field(256, positive_int)
     every_secs: float = _field(30.0, number(float, gt=0))
+    precision: str = _field("float32", choice("float32", "training"))

@@ -9,8 +9,9 @@ The rules (README, "Your data"):
   ids would have to travel with every checkpoint to evaluation, export and serving.
 * the feature columns (``data.feature_columns`` in that order; by default every named
   column but the label, in file order: a column with an empty name, such as the index
-  pandas writes, is not read) hold numbers as Python's ``float`` reads them (``1``,
-  ``-2.5``, ``1e-3``; ``nan`` and ``inf`` too); integer models need whole numbers.
+  pandas writes, is not read) hold finite numbers as Python's ``float`` reads them
+  (``1``, ``-2.5``, ``1e-3``; ``nan`` and ``inf`` are bad cells); integer models need
+  whole numbers.
   Columns that are neither are not read, so they may hold anything.
 * blank lines are skipped; every other line has as many fields as the header.
 
@@ -241,12 +242,16 @@ def _row_problem(row: list[str], names: list[str], used: list[int]) -> tuple[str
             "from 0)"), names[used[-1]]
 
 
+# The fix for a label that is a class's name, in the cause: skipping such rows is none.
+NUMBER_THE_CLASSES = "number the classes before training; names are not mapped"
+
+
 def _not_a_number(cell: str, label: bool) -> str:
     if not cell:
         return "the cell is blank"
     if label:
-        return (f"{cell!r} is not a class id: labels are whole numbers from 0 (number "
-                "the classes before training; names are not mapped)")
+        return (f"{cell!r} is not a class id: labels are whole numbers from 0 "
+                f"({NUMBER_THE_CLASSES})")
     return f"{cell!r} is not a number"
 
 
@@ -269,22 +274,30 @@ def check_against_spec(table: CsvTable, spec: InputSpec, where: str, chosen: boo
 
 def rows_against_spec(table: CsvTable, spec: InputSpec) -> tuple[np.ndarray, list[BadRow], int]:
     """Which good rows ``spec`` can take: keep bool [N]; the first KEPT_BAD_ROWS it
-    cannot (a label outside [0, num_classes); a fraction for integer features) and
-    how many it cannot."""
+    cannot (a label outside [0, num_classes); a feature that is not finite, NaN or
+    infinite, which would make the first step holding it diverge; a fraction for
+    integer features) and how many it cannot."""
     outside = (table.labels < 0) | (table.labels >= spec.num_classes)
     bad = [BadRow(*table.where(row), f"label {table.labels[row]} is outside "
                   f"[0, {spec.num_classes})", table.label_column)
            for row in np.flatnonzero(outside)[:KEPT_BAD_ROWS]]
+    finite = np.isfinite(table.features)
+    nonfinite = ~finite.all(axis=1) & ~outside
+    for row in np.flatnonzero(nonfinite)[:KEPT_BAD_ROWS]:
+        column = int(np.argmin(finite[row]))
+        bad.append(BadRow(*table.where(row), f"{table.features[row, column]} is not a finite "
+                          "number", table.feature_columns[column]))
     fractions = np.zeros_like(outside)
     if spec.int_features:
-        fractions = np.any(table.features != np.round(table.features), axis=1) & ~outside
+        fractions = (np.any(table.features != np.round(table.features), axis=1)
+                     & ~(outside | nonfinite))
         for row in np.flatnonzero(fractions)[:KEPT_BAD_ROWS]:
             column = int(np.argmax(table.features[row] != np.round(table.features[row])))
             value = np.format_float_positional(table.features[row, column], trim="-")
             bad.append(BadRow(*table.where(row), f"{value} is not a whole number (the model "
                               f"takes {spec.feature_dtype.name} features)",
                               table.feature_columns[column]))
-    keep = ~(outside | fractions)
+    keep = ~(outside | nonfinite | fractions)
     return keep, bad, int(np.count_nonzero(~keep))
 
 
@@ -331,12 +344,20 @@ def no_examples(where: str, bad: Sequence[BadRow], count: int) -> DataError:
 
 
 def bad_row_error(table: CsvTable, first: BadRow, count: int) -> DataError:
-    """The error of a source with ``count`` bad rows, ``first`` the first of them. When
-    no row is good, the likeliest cause is a column that is not a feature at all."""
-    if not len(table.labels) and first.column not in (None, table.label_column):
+    """The error of a source with ``count`` bad rows, ``first`` the first of them, with
+    the hint that fits its cause. Skipping bad rows (data.on_bad_record: skip) is offered
+    only where it leaves data and fixes something: never when no row is good, nor for
+    labels that are classes' names, which are to be numbered. When no row is good, the
+    likeliest cause is a column that is not a feature at all."""
+    none_good = not len(table.labels)
+    if none_good and first.column not in (None, table.label_column):
         return DataError(f"{first} (and every other row; if {first.column!r} is not a "
                          "feature, leave it out: data.feature_columns names the features)")
+    if none_good:
+        return DataError(f"{first} (and every other row)")
     rows = "1 bad row" if count == 1 else f"{count} bad rows"
+    if NUMBER_THE_CLASSES in first.cause:
+        return DataError(f"{first} ({rows})")
     return DataError(f"{first} ({rows}; data.on_bad_record: skip leaves bad rows out)")
 
 

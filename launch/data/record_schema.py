@@ -99,7 +99,11 @@ def check_example(where: str, record: bytes, schema: RecordSchema) -> Any:
         values = _check_feature(where, feature_map, schema.features, kind, 1)
         _check_pixels(where, schema, values[0])
     else:
-        _check_feature(where, feature_map, schema.features, kind, schema.size)
+        values = _check_feature(where, feature_map, schema.features, kind, schema.size)
+        if schema.kind == "float" and not all(map(math.isfinite, values)):
+            bad = next(v for v in values if not math.isfinite(v))
+            raise DataError(f"{where}: {schema.features!r} holds {bad}, not a finite number "
+                            "(the first step to meet it would diverge)")
     labels = _check_feature(where, feature_map, schema.label, "int64_list",
                             math.prod(schema.label_shape))
     shifted = [label - schema.label_offset for label in labels]

@@ -24,7 +24,9 @@ role serves as itself by wrapping its work:
 The series:
 
     every process   towers_up, process_* (CPU, memory, file descriptors)
-    training        towers_global_step, towers_examples_total, towers_examples_per_second,
+    training        towers_global_step, towers_examples_total,
+                    towers_process_examples_per_second, towers_job_examples_per_second
+                    (the chief's, rank 0's, or a job's one process; throughput.py),
                     towers_step_seconds (histogram), towers_loss, towers_<model metric>,
                     towers_learning_rate, towers_gradient_norm, towers_nonfinite_loss_total,
                     towers_towers, towers_checkpoint_last_save_timestamp_seconds,
@@ -43,6 +45,7 @@ The modules:
                 start() and serve()
     gpu         GPU memory (TensorFlow's allocator) and utilisation (NVML), at scrape time
     training    TrainMetrics and the hooks feeding it: training_hooks()
+    throughput  examples per second, the job's and this process's: the one definition
     evaluation  EvalMetrics: record_eval()
 """
 

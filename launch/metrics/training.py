@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from launch.config import SessionConfig
 from launch.metrics.exporter import Exporter, metric_name, set_towers
 from launch.metrics.gpu import GpuCollector, process_gpus
+from launch.metrics.throughput import Mark, Rates, Throughput
 
 __all__ = [
     "CheckpointMetrics",
@@ -40,6 +41,8 @@ SAVE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60
 
 # Examples/sec is measured over windows of at least this long: one step is too noisy.
 RATE_WINDOW_SECS = 1.0
+_RATE_DOC = ("Examples/sec over the last {:g} s or more, {}: its examples over the window "
+             "(docs/figures.md)")
 
 # How often the learning rate and gradient norm are fetched (see MetricsHook).
 OPTIMIZER_VALUES_EVERY_SECS = 1.0
@@ -66,7 +69,11 @@ class TrainMetrics:
         "towers_global_step": "Global step after the last step",
         "towers_examples": "Examples trained on by this process",
         "towers_nonfinite_loss": "Steps whose loss was NaN or infinite",
-        "towers_examples_per_second": f"Examples/sec over the last {RATE_WINDOW_SECS:g} s or more",
+        "towers_process_examples_per_second": _RATE_DOC.format(
+            RATE_WINDOW_SECS, "this process's own"),
+        "towers_job_examples_per_second": _RATE_DOC.format(
+            RATE_WINDOW_SECS, "the whole job's (every worker or rank; exported by the chief, "
+            "rank 0 or a job's one process)"),
         "towers_loss": "Training loss of the last global batch",
         "towers_learning_rate": "Learning rate of a recent step",
         "towers_gradient_norm": "Global norm of a recent step's gradients, before clipping",
@@ -78,8 +85,12 @@ class TrainMetrics:
     }
 
     def __init__(self, exporter: Exporter, metric_names: Sequence[str], num_towers: int,
-                 batch_size: int):
+                 batch_size: int, job_examples_per_step: float | None = None):
+        """batch_size: this process's examples per step. job_examples_per_step: the
+        examples one global step stands for, when this process exports the job's rate."""
         self.batch_size = batch_size
+        self._exports_job = job_examples_per_step is not None
+        self._throughput = Throughput(batch_size, job_examples_per_step or batch_size)
         self._model = {name: metric_name("towers_", name) for name in metric_names}
         for name, full in self._model.items():
             if full in self._DOC or full == "towers_step_seconds":
@@ -91,8 +102,8 @@ class TrainMetrics:
         self._overflows: int | None = None  # counted once a loss-scaled job says so
         self._values: Mapping[str, Any] | None = None
         self._optimizer: Mapping[str, Any] | None = None
-        self._rate: float | None = None
-        self._mark: tuple[int, float] | None = None  # (steps, time) where the rate window began
+        self._rates: Rates | None = None
+        self._window: Mark | None = None  # where the rates' window began
         self._durations: deque[float] = deque()  # run times not yet in the histogram
         self._phase_seconds: dict[str, float] = {}
         self._histogram = Histogram(  # unregistered: collect() drains into it, then yields it
@@ -119,12 +130,13 @@ class TrainMetrics:
         self._values = values
         if not math.isfinite(values["loss"]):
             self._nonfinite += 1
-        now = time.perf_counter()
-        if self._mark is None:
-            self._mark = (self._steps - 1, now - seconds)  # from the start of this step
-        elif now - self._mark[1] >= RATE_WINDOW_SECS:
-            self._rate = (self._steps - self._mark[0]) * self.batch_size / (now - self._mark[1])
-            self._mark = (self._steps, now)
+        now = time.time()
+        self._throughput.starting(step - 1, now - seconds)  # from the start of the first step
+        mark = self._throughput.step(step, now)
+        start = self._window or self._throughput.begin
+        if mark.time - start.time >= RATE_WINDOW_SECS:
+            self._rates = self._throughput.between(start, mark)
+            self._window = mark
 
     def record_phases(self, seconds: Mapping[str, float]) -> None:
         """One step's seconds per phase (input, compute, exchange, apply)."""
@@ -177,11 +189,15 @@ class TrainMetrics:
             for phase, value in self._phase_seconds.items():
                 family.add_metric([phase], value)
             yield family
-        step, rate, values, optimizer = self._step, self._rate, self._values, self._optimizer
+        step, rates, values, optimizer = self._step, self._rates, self._values, self._optimizer
         if step is not None:
             yield _gauge("towers_global_step", doc["towers_global_step"], step)
-        if rate is not None:
-            yield _gauge("towers_examples_per_second", doc["towers_examples_per_second"], rate)
+        if rates is not None:
+            yield _gauge("towers_process_examples_per_second",
+                         doc["towers_process_examples_per_second"], rates.process)
+            if self._exports_job:
+                yield _gauge("towers_job_examples_per_second",
+                             doc["towers_job_examples_per_second"], rates.job)
         if values is not None:
             yield _gauge("towers_loss", doc["towers_loss"], values["loss"])
             for name, full in self._model.items():
@@ -274,17 +290,20 @@ def training_hooks(
     num_towers: int,
     batch_size: int,
     session: SessionConfig,
+    job_examples_per_step: float | None = None,
 ) -> TrainingHooks:
     """The metrics hook, its ProgressHook callback and the checkpoint listener.
 
     exporter: where to publish; None (not serving) gives no hooks.
     ops: towers.TrainOps (global_step, loss, metrics, gradient_norm, loss_scale).
     batch_size: examples per step in this process.
+    job_examples_per_step: the examples a global step stands for, in the one process
+    that exports the job's rate (None in the others).
     """
     if exporter is None:
         return TrainingHooks()
-    metrics = exporter.part(
-        "train", lambda: TrainMetrics(exporter, list(ops.metrics), num_towers, batch_size))
+    metrics = exporter.part("train", lambda: TrainMetrics(
+        exporter, list(ops.metrics), num_towers, batch_size, job_examples_per_step))
     optimizer_values = {"learning_rate": learning_rate, "gradient_norm": ops.gradient_norm}
     if ops.loss_scale is not None:
         optimizer_values["loss_scale"] = ops.loss_scale

@@ -9,6 +9,7 @@ batches instead, which the log and the result say.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -23,9 +24,10 @@ from launch.config import JobConfig, SessionConfig
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.inputs import input_tensors
+from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import check_data
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, work_done
 
 V1 = tf.compat.v1
 
@@ -66,6 +68,24 @@ def _reading_line(job: JobConfig, plan: Plan, reads: _Extent) -> str:
         return f"evaluating every example of {where} once, in batches of {batch}"
     return (f"evaluating at most {reads.max_batches} batches of {batch} of {where} "
             "(eval.steps)")
+
+
+def _evaluating(plan: Plan, job: JobConfig) -> Plan:
+    """The plan evaluation runs: in float32, as the exported model computes, unless
+    eval.precision is training (towers.precision's)."""
+    if job.eval.precision == "training":
+        return plan
+    return dataclasses.replace(plan, precision=towers.Precision("float32"))
+
+
+def _precision_line(job: JobConfig) -> str:
+    """What a 16-bit job's evaluation computes in, said once at the start."""
+    if job.eval.precision == "training":
+        return (f"evaluating in {job.towers.precision}, the training precision "
+                "(eval.precision: training): scores differ from the exported model's, which "
+                "computes in float32, by 16-bit rounding")
+    return (f"evaluating in float32, as the exported model computes (eval.precision: "
+            f"float32; 'training' computes in {job.towers.precision})")
 
 
 def _build(job: JobConfig, plan: Plan,
@@ -116,7 +136,8 @@ def _score(plan: Plan, ops: towers.EvalOps, saver, checkpoint: str, reads: _Exte
         key = "data.eval_path" if plan.source.cfg.eval_path else "data.path"
         raise data.DataError(f"{key}: {plan.source.where(training=False)} holds no examples "
                              "to evaluate")
-    result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples}
+    result = {"global_step": checkpoints.step_of(checkpoint), "examples": examples,
+              "precision": plan.precision.name}
     result.update({name: total / examples for name, total in sums.items()})
     if predictions:
         np.save(predictions, np.concatenate(predicted))
@@ -149,7 +170,7 @@ def evaluate(
     predictions: with one checkpoint, also write the model's predictions for the
     examples scored to this .npy file.
     """
-    plan = make_plan(job)
+    plan = _evaluating(make_plan(job), job)
     check_data(plan, training=False)
     train_dir = job.train.checkpoint_dir
     summary_dir = os.path.join(train_dir, "eval")
@@ -162,17 +183,23 @@ def evaluate(
     where = plan.source.where(training=False)
     skipped = data.SkippedRecords(where, write)
     graph = tf.Graph()
-    with graph.as_default(), data.input_errors(where):
+    batch = job.eval.batch_size
+    too_large = out_of_memory(
+        f"at {tower_batch(batch, len(plan.devices))} examples per tower (eval.batch_size "
+        f"{batch} over {len(plan.devices)} tower(s))", "lower eval.batch_size")
+    with graph.as_default(), data.input_errors(where), too_large:
         ops, saver = _build(job, plan, skipped)
         if predictions and ops.predictions is None:
             raise checkpoints.CheckpointError(
                 f"--predictions: model {plan.model.name} returns no predictions "
                 f"(towers.TowerOutputs(loss, metrics, predictions=...))")
         write(_reading_line(job, plan, reads))
+        if job.towers.precision != "float32":
+            write(_precision_line(job))
         scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write)
-        if not watch:
-            return scorer(path, predictions)
-        return _watch(job, scorer, timeout, write)
+        result = scorer(path, predictions) if not watch else _watch(job, scorer, timeout, write)
+    work_done()  # a stop signal from now on meets an evaluation that has ended
+    return result
 
 
 @dataclass

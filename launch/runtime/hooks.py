@@ -1,17 +1,14 @@
-"""Small SessionRunHooks for the training loop: progress, signals, placement trace,
-non-finite steps."""
+"""Small SessionRunHooks for the training loop: the last step, the end of the data,
+signals, placement trace, non-finite steps (the progress line is launch/runtime/progress.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
 from launch.errors import Diverged
@@ -19,24 +16,6 @@ from launch.runtime.signals import StopSignals
 from towers import NONFINITE_GRADIENT, NONFINITE_LOSS
 
 V1 = tf.compat.v1
-
-
-@dataclass
-class StepRecord:
-    """What the progress hook knows after a step; the last one becomes the JSON summary."""
-
-    global_step: int = 0
-    loss: float = float("nan")
-    examples_per_sec: float = 0.0
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {
-            "global_step": self.global_step,
-            "loss": self.loss,
-            "examples_per_sec": self.examples_per_sec,
-            **self.metrics,
-        }
 
 
 @dataclass
@@ -55,130 +34,6 @@ class LastStep:
     def by_data(self) -> bool:
         """The data's passes end the job, not train.steps."""
         return self.data_end is not None and self.data_end < self.steps
-
-
-class ProgressHook(V1.train.SessionRunHook):
-    """Every `every_steps` steps: one line with step, loss, metrics, examples/sec, ETA.
-
-    The step the line counts to, and the ETA to it, are the job's last step (``last``):
-    train.steps, or where the data's passes end if sooner.
-
-    Fetches only scalars the step computes anyway (loss, metrics, global step),
-    so it adds no session runs. Loss and metrics are averaged over the window
-    since the last line, which is steadier than one batch's value. Writes
-    examples/sec to TensorBoard beside the graph's own summaries.
-
-    on_step: called after every step with the step number and the values fetched
-    (global_step, loss, metrics), so others (the metrics exporter) can use them
-    without fetching them again: each extra fetch costs Python time every step.
-    phases: the step-time shares since the last line ('input 31% compute 52% ...'),
-    appended to it.
-    """
-
-    def __init__(
-        self,
-        fetches: Mapping[str, tf.Tensor],
-        global_step: tf.Tensor,
-        batch_size: int,
-        last: LastStep | int,
-        every_steps: int,
-        summary_dir: str | None,
-        write: Callable[[str], None],
-        on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
-        phases: Callable[[], str] | None = None,
-    ):
-        self._fetches = {"global_step": global_step, **fetches}
-        self._phases = phases
-        self._on_step = on_step
-        self._batch_size = batch_size
-        self._last = last if isinstance(last, LastStep) else LastStep(last)
-        self._every = every_steps
-        self._summary_dir = summary_dir
-        self._write = write
-        self._bar = sys.stderr.isatty()
-        self.record = StepRecord()
-        self.steps_run = 0  # by this session: none when it started at the last step
-        self._window: dict[str, list[float]] = {}
-
-    def begin(self) -> None:
-        self._writer = (
-            V1.summary.FileWriterCache.get(self._summary_dir) if self._summary_dir else None
-        )
-
-    def after_create_session(self, session, coord) -> None:
-        self._window_start = time.perf_counter()
-        self._window_steps = 0
-        self._reported_step: int | None = None
-
-    def before_run(self, run_context):
-        return V1.train.SessionRunArgs(self._fetches)
-
-    def after_run(self, run_context, run_values) -> None:
-        now = time.perf_counter()
-        values = run_values.results
-        self.steps_run += 1
-        step = int(values["global_step"]) + 1  # fetched before this step's increment
-        if self._on_step is not None:
-            self._on_step(step, values)
-        for name, value in values.items():
-            if name != "global_step":
-                self._window.setdefault(name, []).append(float(value))
-        self._window_steps += 1
-        # Crossing a multiple, not landing on it: in an asynchronous ps/worker job
-        # other workers move the global step too, so it can jump past the multiple.
-        if self._reported_step is None:
-            self._reported_step = step - 1
-        crossed = step // self._every > self._reported_step // self._every
-        if crossed or step >= self._last.step:
-            self._report(step, now)
-        elif self._bar:
-            self._draw_bar(step)
-
-    def end(self, session) -> None:
-        if self._window_steps:
-            # The global step as it is now, not the last one fetched plus one: a
-            # synchronous step whose gradient was dropped (train.backup_workers) did not
-            # move it, and the final line must name the step the job ended at.
-            step = int(session.run(self._fetches["global_step"]))
-            self._report(step, time.perf_counter())
-        if self._bar:
-            sys.stderr.write("\n")
-
-    def _report(self, step: int, now: float) -> None:
-        self._reported_step = step
-        elapsed = max(now - self._window_start, 1e-9)
-        means = {k: float(np.mean(v)) for k, v in self._window.items()}
-        rate = self._window_steps * self._batch_size / elapsed
-        self.record = StepRecord(
-            global_step=step,
-            loss=means.pop("loss"),
-            examples_per_sec=rate,
-            metrics=means,
-        )
-        last = self._last.step
-        remaining = max(last - step, 0) * elapsed / self._window_steps
-        shown = " ".join(f"{k}={v:.4g}" for k, v in means.items())
-        phases = self._phases() if self._phases is not None else ""
-        self._write(
-            f"step {step}/{last} loss={self.record.loss:.4g} {shown} "
-            f"examples/sec={rate:.1f} eta={_duration(remaining)}{' ' if phases else ''}{phases}"
-        )
-        if self._writer is not None:
-            summary = V1.Summary(
-                value=[V1.Summary.Value(tag="examples_per_sec", simple_value=rate)]
-            )
-            self._writer.add_summary(summary, step)
-        self._window = {}
-        self._window_steps = 0
-        self._window_start = now
-
-    def _draw_bar(self, step: int) -> None:
-        last = self._last.step
-        done = step / max(last, 1)
-        width = 30
-        filled = int(done * width)
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {step}/{last}")
-        sys.stderr.flush()
 
 
 class StopAtStepHook(V1.train.StopAtStepHook):
@@ -311,13 +166,6 @@ class PlacementTraceHook(V1.train.SessionRunHook):
         self._done = True
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
 class SkipNonFiniteHook(V1.train.SessionRunHook):
     """train.on_nonfinite: skip. Reports each step whose update the graph skipped
     (towers' nonfinite="skip"), and raises Diverged after more than `limit` in a row.
@@ -405,18 +253,19 @@ def nonfinite_stops(checkpoint_dir: str | None) -> Iterator[None]:
             raise
         raise Diverged(_diverged_message(found[0], checkpoint_dir)) from None
     except Diverged as err:
-        raise Diverged(f"training diverged: {err}. {_latest_text(checkpoint_dir)}") from None
+        raise Diverged(f"training diverged: {err}. {latest_text(checkpoint_dir)}") from None
 
 
 def _diverged_message(what: str, checkpoint_dir: str | None) -> str:
     return (
         f"training diverged: {what} (NaN or infinite); the step was not applied. "
-        f"{_latest_text(checkpoint_dir)}. Lower optimizer.learning_rate, set "
+        f"{latest_text(checkpoint_dir)}. Lower optimizer.learning_rate, set "
         "optimizer.clip_norm, or set train.on_nonfinite: skip"
     )
 
 
-def _latest_text(checkpoint_dir: str | None) -> str:
+def latest_text(checkpoint_dir: str | None) -> str:
+    """What a run that stopped without saving leaves: the latest checkpoint, named."""
     if checkpoint_dir is None:  # not the chief, which may be on another machine
         return "The chief's latest checkpoint holds the last good weights"
     latest = tf.train.latest_checkpoint(checkpoint_dir) if checkpoint_dir else None

@@ -49,9 +49,10 @@ class Plan:
 
     The arrangement of processes adds, where its processes combine their steps
     (collective workers, Horovod ranks): reduce_gradients, how this process's summed
-    gradients, loss and metrics are combined with the others'; step_examples, the
-    examples a step stands for in the reported rates (the global batch: they step in
-    lockstep; 0: process_batch_size); sum_across_processes, a plain sum over the
+    gradients, loss and metrics are combined with the others'; global_step_examples,
+    the examples one advance of the global step stands for, every process's together
+    (launch.metrics.throughput.job_examples_per_global_step; 0: process_batch_size, a
+    job of one process); sum_across_processes, a plain sum over the
     processes (synchronized batch norm's statistics); pack_bytes,
     towers.pack_gradients_bytes where towers packs gradients (its reduction across
     processes; towers.resolve_variable_update says where), 0 for Horovod ranks, which
@@ -70,7 +71,7 @@ class Plan:
     host: str = "/cpu:0"
     aggregation: str | None = None
     reduce_gradients: towers.GradientsFn | None = None
-    step_examples: int = 0
+    global_step_examples: float = 0.0
     sum_across_processes: Callable[[tf.Tensor], tf.Tensor] | None = None
     pack_bytes: int = 0
 
@@ -84,8 +85,9 @@ class Plan:
             sum_across_processes=self.sum_across_processes, pack_bytes=self.pack_bytes)
 
     @property
-    def examples_per_step(self) -> int:
-        return self.step_examples or self.process_batch_size
+    def job_examples_per_step(self) -> float:
+        """The examples one global step stands for, all processes together."""
+        return self.global_step_examples or self.process_batch_size
 
 
 class BatchSizeError(BadInput):

@@ -77,3 +77,8 @@ class Role:
     def finish(self, result: dict) -> dict:
         """After the session has closed: report to peers, label the result."""
         return result
+
+    def stragglers(self) -> list[str]:
+        """The processes this one (a chief judging the others) named stragglers during
+        the run, as its lines named them."""
+        return []

@@ -23,6 +23,21 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 _ignoring = False  # set by ignore_from_now, for the rest of the process
+_done = False  # set by work_done
+
+
+def work_done(done: bool = True) -> None:
+    """Say that this process's work is done: its result is ready, and all that is left is
+    handing it over (a final metrics scrape, printing it) and exiting. A stop request
+    from then on has nothing left to stop; the command's own handler (launch.cli) lets
+    it pass, so the process still exits 0 with its result. `done=False`: a command
+    begins (in-process callers run several)."""
+    global _done
+    _done = done
+
+
+def is_work_done() -> bool:
+    return _done
 
 
 def ignore_from_now() -> None:

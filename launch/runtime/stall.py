@@ -24,6 +24,9 @@ from launch.runtime.input_watch import batches_taken, waits_for_input
 V1 = tf.compat.v1
 
 LOOK_EVERY_SECS = 0.5
+# A look this much later than due: the process itself did not run in between (SIGSTOP,
+# a paused container or VM, a host starved of CPU), and nothing it waited for is to blame.
+SUSPENDED_AFTER_SECS = 2.0
 NO_BATCH = ("the step waits for its input: the input pipeline has given it no batch (a "
             "source that gives no data, or a reader that is stuck)")
 
@@ -82,17 +85,35 @@ class StallWatch(V1.train.SessionRunHook):
         self._ended.set()
 
     def _watch(self) -> None:
+        looked = time.monotonic()
         while not self._ended.wait(LOOK_EVERY_SECS):
-            stalled = time.monotonic() - self._last_end
-            if self._abort_secs is not None and stalled >= self._abort_secs:
-                self._abort(Stalled(
-                    f"train.stall_abort_secs: no step finished for {stalled:.0f} s; "
-                    f"{self._what_it_waits_for()}. Restart the job: training resumes from the "
-                    "last checkpoint"))
-            if stalled >= self._next_warning:
-                self._warned = True
-                self._write(stall_text(stalled, self._warning, self._what_it_waits_for()))
-                self._next_warning = 2 * max(stalled, self._warning)  # less often as it lasts
+            looked = self.look(looked, time.monotonic())
+
+    def look(self, looked: float, now: float) -> float:
+        """One look at the clock, `now`, the last having been at `looked`; returns now.
+
+        A look far later than due means this process was not running: it says so, and
+        its stall clock starts again, since its step did not wait on anything.
+        """
+        missed = now - looked - LOOK_EVERY_SECS
+        if missed > SUSPENDED_AFTER_SECS:
+            self._write(f"this process did not run for {missed:.0f} s (it was suspended: "
+                        "SIGSTOP, a paused container or VM, or a host starved of CPU); its "
+                        "steps go on")
+            self._last_end = max(self._last_end, now)
+            self._next_warning = self._warning
+            return now
+        stalled = now - self._last_end
+        if self._abort_secs is not None and stalled >= self._abort_secs:
+            self._abort(Stalled(
+                f"train.stall_abort_secs: no step finished for {stalled:.0f} s; "
+                f"{self._what_it_waits_for()}. Restart the job: training resumes from the "
+                "last checkpoint"))
+        if stalled >= self._next_warning:
+            self._warned = True
+            self._write(stall_text(stalled, self._warning, self._what_it_waits_for()))
+            self._next_warning = 2 * max(stalled, self._warning)  # less often as it lasts
+        return now
 
     def _what_it_waits_for(self) -> str:
         if self._taken is not None and self._session is not None and waits_for_input(

@@ -23,8 +23,6 @@ PHASES = towers.STEP_PHASES
 # Where two phases run at once, the step is charged to the first: waiting on input or
 # peers only slows a step while no tower computes.
 _PRIORITY = ("compute", "exchange", "apply", "input")
-# A waiting phase at least this share of the step is the bottleneck, ahead of compute.
-WAIT_BOUND = 0.25
 # The share of training time traced steps may cost: a large graph's trace and its
 # reading (ResNet-20 on 4 towers: ~40 ms) push the next sample out until this holds.
 SAMPLE_BUDGET = 0.01
@@ -129,12 +127,14 @@ class StepPhases:
         self._shares: dict[str, float] | None = None
         self._pending = 0.0
         self.total = dict.fromkeys(PHASES, 0.0)
-        self._window = dict.fromkeys(PHASES, 0.0)
+        self._sampled = dict.fromkeys(PHASES, 0.0)  # the steps sampled since window_text
 
     def add(self, run_seconds: float, shares: Mapping[str, float] | None = None) -> None:
         """One step's run time; shares when this step was sampled."""
         if shares:
             self._shares = dict(shares)
+            for phase in PHASES:
+                self._sampled[phase] += run_seconds * shares[phase]
         if self._shares is None:
             self._pending += run_seconds
             return
@@ -142,7 +142,6 @@ class StepPhases:
         self._pending = 0.0
         for phase, value in seconds.items():
             self.total[phase] += value
-            self._window[phase] += value
         for listener in self._listeners:
             listener(seconds)
 
@@ -150,10 +149,17 @@ class StepPhases:
         """Also call on_seconds with each step's seconds per phase."""
         self._listeners.append(on_seconds)
 
-    def take_window(self) -> dict[str, float]:
-        """Shares since the last call (for the progress line); {} before any sample."""
-        window, self._window = self._window, dict.fromkeys(PHASES, 0.0)
-        return _shares(window)
+    def window_text(self) -> str:
+        """The progress line's shares: those measured since the last call, from the steps
+        sampled in that interval ('input 31% compute 52% exchange 14% apply 3%'). An
+        interval without a sample (a short one, or samples spread out to keep their cost
+        down) shows the run's so far and says so ('run so far: input ...'); '' before
+        any sample."""
+        sampled, self._sampled = self._sampled, dict.fromkeys(PHASES, 0.0)
+        if any(sampled.values()):
+            return shares_text(_shares(sampled))
+        run = self.shares()
+        return f"run so far: {shares_text(run)}" if run else ""
 
     def shares(self) -> dict[str, float]:
         """Shares over every step so far; {} before any sample."""
@@ -218,30 +224,3 @@ class StepPhaseHook(V1.train.SessionRunHook):
             cost = extra + reading
             self._next_sample = self._started + sample_interval(self._every, cost)
         self._phases.add(seconds, shares)
-
-
-def advice(shares: Mapping[str, float]) -> str:
-    """One line naming the bottleneck the shares show and the settings that address it."""
-    phase = bottleneck(shares)
-    share = f"{round(100 * shares[phase])}% of the step"
-    return {
-        "input": f"input-bound ({share} waits for the next batch): raise "
-                 "data.num_parallel_calls, data.prefetch or data.threads (or leave them "
-                 "auto), or convert the data to uint8 TFRecords (towers data convert)",
-        "exchange": f"exchange-bound ({share} moves gradients and variables): try "
-                    "towers.gradient_dtype: bfloat16 (half the bytes), fewer towers or "
-                    "workers, or in one process the other towers.variable_update",
-        "apply": f"apply-bound ({share} applies the update): spread the variables "
-                 "(towers.param_device: least_loaded, or more ps tasks) or use a "
-                 "cheaper optimizer",
-        "compute": f"compute-bound ({share} is the towers' forward and backward): "
-                   "towers.precision: mixed_bfloat16 (GPUs, CPUs with avx512_bf16 or AMX) "
-                   "or towers.xla: true may make it faster",
-    }[phase]
-
-
-def bottleneck(shares: Mapping[str, float]) -> str:
-    """The largest waiting phase (input, exchange, apply) at WAIT_BOUND of the step or
-    more, else compute: the towers' own work is the floor, waiting is what can go."""
-    waits = [p for p in ("input", "exchange", "apply") if shares[p] >= WAIT_BOUND]
-    return max(waits, key=lambda p: shares[p]) if waits else "compute"

@@ -8,31 +8,33 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from launch import data, metrics
+from launch import data, kernels, metrics
 from launch.config import JobConfig, TrainConfig
-from launch.devices import emulation_note
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
+from launch.runtime.advice import Setup, advice, bottleneck
 from launch.runtime.data_state import DataPositionHook
 from launch.runtime.hooks import (
     DataEndHook,
     LastStep,
     LossScaleHook,
     PlacementTraceHook,
-    ProgressHook,
     SkipNonFiniteHook,
     StopAtStepHook,
+    latest_text,
     nonfinite_stops,
 )
 from launch.runtime.optim import batch_scale
+from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import preflight
 from launch.runtime.profile import ProfileHook, profile_dir
+from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
-from launch.runtime.signals import StopSignals
+from launch.runtime.signals import StopSignals, work_done
 from launch.runtime.stall import StallWatch
-from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, shares_text
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
 from launch.runtime.training_graph import TrainingGraph, build_training_graph
 
@@ -77,7 +79,9 @@ def train(
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
-        return _train(job, plan, role, exporter, write)
+        result = _train(job, plan, role, exporter, write)
+    work_done()  # a stop signal from now on meets a job that has ended
+    return result
 
 
 def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
@@ -89,27 +93,36 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
     with graph.as_default():
-        built = build_training_graph(job, plan, role.wrap_optimizer, skipped)
+        built = build_training_graph(job, plan, role.wrap_optimizer, skipped, write)
         resumed = None
         if role.writes:
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
         write(_startup_line(job, plan))
-        note = emulation_note(job.towers.precision, plan.devices)
+        note = _precision_note(job, plan, built.ops.train_op)
         if note:
             write(note)
         role.before_session(plan.session)
         with data.input_errors(where):
             _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
-    _report_phases(loop.phases, result, write)
+    _report_phases(loop.phases, result, write, lambda shares: advice(
+        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
     if job.data.on_bad_record == "skip":
         result["skipped_records"] = skipped.count
     return result
+
+
+def _precision_note(job: JobConfig, plan: Plan, train_op) -> str | None:
+    """The start-up warning of a 16-bit job whose kernels this machine runs slower than
+    float32, measured (launch.kernels: timed once per machine)."""
+    micro_batch = plan.process_batch_size // job.train.accumulate_steps
+    tower_batch = -(-micro_batch // len(plan.devices))
+    return kernels.startup_note(train_op, job.towers.precision, plan.devices, tower_batch)
 
 
 def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | None:
@@ -169,7 +182,8 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         rebases=role.is_chief, announce=role.writes, wait_secs=role.max_wait_secs,
         resumed_from=resumed, write=write)
     served = metrics.training_hooks(
-        exporter, ops, rate, len(plan.devices), plan.examples_per_step, job.session
+        exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session,
+        plan.job_examples_per_step if role.writes else None,  # one series per job
     )
     phases = StepPhases(served.on_phases)
     # With peers, an instant with no op running here is a wait for them.
@@ -179,13 +193,15 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
-        plan.examples_per_step,
+        plan.process_batch_size,
         last,
         cfg.log_every_steps,
         cfg.checkpoint_dir if role.writes else None,
         write,
         on_step=served.on_step,  # hands its fetched values to the metrics
-        phases=lambda: shares_text(phases.take_window()),
+        phases=phases.window_text,
+        job_examples_per_step=plan.job_examples_per_step,
+        process=role.label or None,
     )
     stop_at, data_end = StopAtStepHook(last, write, job.data.epochs), DataEndHook()
     hooks = [
@@ -227,9 +243,12 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
 def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: _Loop,
                  stop: StopSignals) -> None:
     # A diverged step raises; the session then closes without saving (no hook's end()).
-    diverged = nonfinite_stops(cfg.checkpoint_dir if role.writes else None)
+    saved = cfg.checkpoint_dir if role.writes else None
+    diverged = nonfinite_stops(saved)
     unwritable = checkpoints.write_failures(cfg.checkpoint_dir)  # one line, exit 4
-    with stop, unwritable, diverged, V1.train.MonitoredTrainingSession(
+    too_large = out_of_memory(_batch_text(cfg, plan), _MEMORY_FIX.format(cfg.accumulate_steps),
+                              lambda: latest_text(saved))  # one line, exit 5
+    with stop, unwritable, diverged, too_large, V1.train.MonitoredTrainingSession(
         master=role.master,
         is_chief=role.is_chief,
         max_wait_secs=role.max_wait_secs,
@@ -249,12 +268,28 @@ def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: 
             sess.run(ops.train_op)
 
 
+_MEMORY_FIX = ("lower train.batch_size, or raise train.accumulate_steps (now {}) to train the "
+               "same global batch in smaller micro-batches")
+
+
+def _batch_text(cfg: TrainConfig, plan: Plan) -> str:
+    """'at 50000000 examples per tower (this process's 100000000 of train.batch_size
+    100000000, over 2 towers)': what the devices compute on at once."""
+    micro = cfg.accumulate_steps
+    per_tower = tower_batch(plan.process_batch_size, len(plan.devices), micro)
+    mine = "" if plan.share.count == 1 else f"this process's {plan.process_batch_size} of "
+    parts = f", in {micro} micro-batches" if micro > 1 else ""
+    return (f"at {per_tower} examples per tower ({mine}train.batch_size {cfg.batch_size} "
+            f"over {len(plan.devices)} tower(s){parts})")
+
+
 def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     V1.summary.FileWriterCache.clear()
     if loop.progress.steps_run:
         result = loop.progress.record.as_dict()
     else:  # a finished job run again: no step, so no loss to report
-        result = {"global_step": loop.stop_at.start_step or 0, "examples_per_sec": 0.0}
+        result = {"global_step": loop.stop_at.start_step or 0, "job_examples_per_sec": 0.0,
+                  "process_examples_per_sec": 0.0}
     result["steps_run"] = loop.progress.steps_run
     result["precision"] = job.towers.precision
     result["accumulate_steps"] = job.train.accumulate_steps
@@ -279,9 +314,10 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
     return role.finish(result)
 
 
-def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None]) -> None:
+def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None],
+                   advise: Callable[[dict[str, float]], str]) -> None:
     """Where this process's step time went, in the result and in two lines: the shares
-    and the advice they call for."""
+    and the advice they call for (`advise`)."""
     shares = phases.shares()
     if not shares:  # no step was sampled (none run, or a single one)
         return
@@ -289,4 +325,4 @@ def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None
     result["bottleneck"] = bottleneck(shares)
     write(f"where the step time went: {shares_text(shares)} of "
           f"{sum(phases.total.values()):.1f} s in steps")
-    write(f"advice: {advice(shares)}")
+    write(f"advice: {advise(shares)}")

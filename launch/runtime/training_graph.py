@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -40,12 +43,13 @@ class TrainingGraph(NamedTuple):
 
 def build_training_graph(
     job: JobConfig, plan: Plan, wrap_optimizer: OptimizerWrapper | None = None,
-    skipped: data.SkippedRecords | None = None,
+    skipped: data.SkippedRecords | None = None, write: Callable[[str], None] = log,
 ) -> TrainingGraph:
     """The whole training graph of ``job`` as ``plan`` places it, in the default graph.
 
     wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
     skipped: counts the input records skipped (data.on_bad_record: skip).
+    write: where the build's notices go (a warm start, the library's warnings).
     """
     # Each process of a job (Horovod rank, worker) draws its own random stream, process 0
     # the seed's own: otherwise every rank would apply the same dropout masks. Initial
@@ -55,7 +59,7 @@ def build_training_graph(
     # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
     random.seed(seed)
     feed = training_input(plan, job.train.batch_size, skipped)
-    features, labels = feed.features, feed.labels
+
     mode = plan.variable_update()
     step_device = mode.step_device(plan.devices)
     with V1.device(step_device):
@@ -65,10 +69,35 @@ def build_training_graph(
     optimizer = make_optimizer(job.optimizer, rate)
     if wrap_optimizer is not None:
         optimizer = wrap_optimizer(optimizer)
-    ops = towers.build_train_op(
+    with told_as_lines(write):
+        ops = _build_train_op(job, plan, feed, optimizer, mode, global_step)
+    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(feed.features, plan.host)))
+    _add_summaries(ops, rate, job.train.histograms)
+    if job.train.warm_start is not None:
+        kept = {id(v) for v in (*optimizer.variables(), global_step,
+                                *state.variables.values())}
+        model_vars = [v for v in V1.global_variables() if id(v) not in kept]
+        checkpoints.warm_start(job.train.warm_start, model_vars, write)
+    saver = V1.train.Saver(
+        max_to_keep=job.train.max_to_keep,
+        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
+        save_relative_paths=True,
+    )
+    scaffold = V1.train.Scaffold(
+        saver=saver,
+        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op,
+                               feed.initializer),
+    )
+    return TrainingGraph(ops, scaffold, rate, feed, state)
+
+
+def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
+                    optimizer: V1.train.Optimizer, mode: towers.VariableUpdate,
+                    global_step: tf.Variable) -> towers.TrainOps:
+    return towers.build_train_op(
         plan.model.model_fn,
-        features,
-        labels,
+        feed.features,
+        feed.labels,
         optimizer,
         plan.devices,
         variable_update=mode,
@@ -82,24 +111,34 @@ def build_training_graph(
         positions=feed.positions,  # each example's dropout drawn from (seed, position)
         seed=job.train.seed,
     )
-    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
-    _add_summaries(ops, rate, job.train.histograms)
-    if job.train.warm_start is not None:
-        kept = {id(v) for v in (*optimizer.variables(), global_step,
-                                *state.variables.values())}
-        model_vars = [v for v in V1.global_variables() if id(v) not in kept]
-        checkpoints.warm_start(job.train.warm_start, model_vars, log)
-    saver = V1.train.Saver(
-        max_to_keep=job.train.max_to_keep,
-        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
-        save_relative_paths=True,
-    )
-    scaffold = V1.train.Scaffold(
-        saver=saver,
-        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op,
-                               feed.initializer),
-    )
-    return TrainingGraph(ops, scaffold, rate, feed, state)
+
+
+# The library's names for the settings a warning names, and the job file's.
+_SETTINGS = {"batch_norm='sync'": "towers.batch_norm: sync",
+             "pass batch_norm='local'": "set towers.batch_norm: local"}
+
+
+@contextlib.contextmanager
+def told_as_lines(write: Callable[[str], None]) -> Iterator[None]:
+    """What the towers library warns about while the graph is built (a UserWarning, on
+    stderr as Python prints it, traceback line and all), written as one 'warning:' line
+    naming the job file's settings. Others' warnings pass on as they were."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        # The library warns at its caller's line (stacklevel), which is here.
+        if not (warning.filename == __file__ or warning.filename.startswith(_TOWERS_DIR)):
+            warnings.showwarning(warning.message, warning.category, warning.filename,
+                                 warning.lineno)
+            continue
+        text = str(warning.message)
+        for library, job_file in _SETTINGS.items():
+            text = text.replace(library, job_file)
+        write(f"warning: {text}")
+
+
+_TOWERS_DIR = os.path.dirname(towers.__file__)
 
 
 def _add_summaries(ops: towers.TrainOps, rate: tf.Tensor, histograms: bool) -> None:

@@ -68,9 +68,23 @@ class Host:
         """args run inside this host's namespace."""
         return ["ip", "netns", "exec", self.namespace, *args]
 
-    def start(self, tmp_path, name: str, *towers_args: str, env=None) -> Process:
-        """A `towers` command on this host, stopped by pid when the network is closed."""
-        process = Process(tmp_path, name, *towers_args, env=env, prefix=self.command())
+    def as_machine(self, hosts_file, hostname: str) -> list[str]:
+        """A prefix that runs a command on this host as on a machine of its own: in its
+        network namespace, with `hostname` as its hostname and hosts_file as its
+        /etc/hosts (`nsenter --net` + `unshare --mount --uts`; `ip netns exec` would
+        remount /sys, where slurmd needs the cgroup tree). Each execs the next, so the
+        pid is the command's."""
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", "unshare", "--mount",
+                "--uts", "sh", "-c",
+                f'mount --bind {hosts_file} /etc/hosts && hostname {hostname} && exec "$@"',
+                "sh"]
+
+    def start(self, tmp_path, name: str, *towers_args: str, env=None,
+              prefix: list[str] | None = None) -> Process:
+        """A `towers` command on this host (prefix: what runs it there, by default
+        `ip netns exec`), stopped by pid when the network is closed."""
+        process = Process(tmp_path, name, *towers_args, env=env,
+                          prefix=prefix or self.command())
         self.network.processes.append(process)
         return process
 

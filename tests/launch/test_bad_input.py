@@ -48,6 +48,20 @@ def npz_with_five_features(case_dir):
              labels=np.zeros(8, np.int64))
 
 
+def npz_with_nan_features(case_dir):
+    """As reported: an npz whose features hold NaN, which trained until the first step
+    diverged and blamed the learning rate."""
+    features = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    features[3:7, 2] = np.nan
+    np.savez(os.path.join(case_dir, "nan.npz"), features=features,
+             labels=np.arange(40) % 10)
+
+
+def csv_with_class_names(case_dir):
+    rows = "".join(f"{i}.5,{i},class_{i % 3}\n" for i in range(133))
+    open(os.path.join(case_dir, "d.csv"), "w").write("x0,x1,label\n" + rows)
+
+
 def garbage_npz(case_dir):
     open(os.path.join(case_dir, "garbage.npz"), "wb").write(b"this is not a zip archive")
 
@@ -224,6 +238,12 @@ CASES = [
          ("garbage.npz",), setup="garbage_npz"),
     Case("npz-wrong-shape", MLP8 + "data: {source: npz, path: CASE/five.npz}\n",
          ("five.npz",), setup="npz_with_five_features"),
+    Case("npz-features-not-finite", MLP8 + "data: {source: npz, path: CASE/nan.npz}\n",
+         ("nan.npz: example 3 (counted from 0) has a feature that is not a finite number (nan)",
+          "as do 4 of its 40 examples"), setup="npz_with_nan_features"),
+    Case("csv-class-names", "model: {name: mlp, input_dim: 2, num_classes: 3}\n" + CSV,
+         ("line 2, column 'label': 'class_0' is not a class id", "number the classes",
+          "(and every other row)"), setup="csv_with_class_names"),
     Case("csv-missing-label", MLP8 + "data: {source: csv, path: CASE/d.csv}\n",
          ("d.csv", "label"), setup="csv_without_label"),
     Case("csv-classes-disagree", MLP12.replace(", num_classes: 3", "") + CSV,

@@ -33,7 +33,8 @@ def test_default_job_trains_reports_json_writes_events_and_a_second_run_continue
     summaries = ["--set", "train.summary_every_steps=5"]
     result = ok(run_towers("train", *FAST, *summaries, "--set", "train.steps=10", cwd=tmp_path))
     assert result["global_step"] == 10
-    assert np.isfinite(result["loss"]) and result["examples_per_sec"] > 0
+    assert np.isfinite(result["loss"]) and result["job_examples_per_sec"] > 0
+    assert result["process_examples_per_sec"] == result["job_examples_per_sec"]  # one process
     assert 0.0 <= result["accuracy"] <= 1.0
     assert latest_step(ckpt) == 10
 
@@ -45,7 +46,8 @@ def test_default_job_trains_reports_json_writes_events_and_a_second_run_continue
     events = EventAccumulator(str(ckpt))
     events.Reload()
     scalars = events.Tags()["scalars"]
-    assert {"loss", "learning_rate", "accuracy", "examples_per_sec"} <= set(scalars)
+    assert {"loss", "learning_rate", "accuracy", "job_examples_per_sec",
+            "process_examples_per_sec"} <= set(scalars)
     losses = events.Scalars("loss")
     assert len(losses) >= 2 and all(np.isfinite(e.value) for e in losses)
     # The first step is traced, so TensorBoard's graph can show device placement.

@@ -1,5 +1,4 @@
-"""Which devices a job's towers and variables get, from towers.* and the GPUs visible, and
-when training says at start-up that the CPU emulates the towers' 16-bit type."""
+"""Which devices a job's towers and variables get, from towers.* and the GPUs visible."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from launch.config import SessionConfig, from_dict
 from launch.devices import (
     CPU_TOWERS_WITHOUT_GPU,
     DeviceError,
-    emulation_note,
     num_cpu_devices,
     param_device,
     tower_devices,
@@ -63,37 +61,3 @@ def test_cuda_visible_devices_then_visible_devices_pick_physical_gpus(monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     assert visible_physical_ids() == ["2", "3"]
     assert visible_physical_ids(SessionConfig(visible_devices="1")) == ["3"]
-
-
-WITHOUT_16_BITS = {"avx", "avx2", "fma"}  # the CPU of BENCHMARKS.md's runs
-
-
-@pytest.mark.parametrize("precision, number_type, slowdown", [
-    ("mixed_bfloat16", "bfloat16", "roughly 10-30x slower than float32"),
-    ("mixed_float16", "float16", "roughly 4x slower than float32"),
-])
-def test_cpu_towers_in_a_16_bit_type_the_cpu_lacks_get_one_line_saying_so(
-        precision, number_type, slowdown):
-    note = emulation_note(precision, ["/cpu:0", "/cpu:1"], WITHOUT_16_BITS)
-    assert "\n" not in note
-    assert f"TensorFlow emulates {number_type}" in note and slowdown in note
-    assert f"towers bench --quick --towers 1 --precision float32,{precision}`" in note
-    # the same for a ps/worker job's towers, named by their task
-    assert emulation_note(precision, ["/job:worker/task:0/cpu:0"], WITHOUT_16_BITS) == note
-
-
-@pytest.mark.parametrize("precision, flag", [
-    ("mixed_bfloat16", "avx512_bf16"), ("mixed_bfloat16", "amx_bf16"),
-    ("mixed_float16", "avx512_fp16"), ("mixed_float16", "amx_fp16"),
-])
-def test_a_cpu_with_the_instructions_gets_no_note(precision, flag):
-    assert emulation_note(precision, ["/cpu:0"], WITHOUT_16_BITS | {flag}) is None
-
-
-def test_float32_gets_no_note():
-    assert emulation_note("float32", ["/cpu:0", "/cpu:1"], WITHOUT_16_BITS) is None
-
-
-def test_gpu_towers_get_no_note_whatever_the_cpu():
-    for gpus in (["/gpu:0", "/gpu:1"], ["/job:worker/task:1/device:GPU:0"]):
-        assert emulation_note("mixed_bfloat16", gpus, WITHOUT_16_BITS) is None

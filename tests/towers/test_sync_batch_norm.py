@@ -111,6 +111,22 @@ def test_an_uneven_split_is_merged_by_example_count(mode):
     assert_within_tolerance(compare(3, 10, mode))  # 4, 3 and 3 examples
 
 
+@pytest.mark.parametrize("num_towers, batch_size", [(2, 12), (3, 10)])
+def test_a_mean_large_against_the_spread_keeps_every_digit(num_towers, batch_size):
+    # Mean 200, spread 0.5: float32 sums of x and x^2 would leave the variance about 1%
+    # off (E[x^2] - E[x]^2 cancels 5 of its 7 digits); the towers' merged statistics
+    # are as exact as one device's.
+    x, y = batch(batch_size)
+    x = (x - 3.0) / 4.0 + 200.0
+    reference = one_step(["/cpu:0"], x, y, batch_norm="local")
+    multi = one_step(cpus(num_towers), x, y, start=reference[0])
+    differences = largest_differences(reference, multi)
+    for quantity in ("outputs", "loss", "gradients"):
+        assert differences[quantity] < TOLERANCE[quantity], differences
+    for name, value in reference[4].items():  # the moving mean is near 20 here
+        np.testing.assert_allclose(multi[4][name], value, rtol=1e-5, err_msg=name)
+
+
 def test_local_towers_normalize_by_their_own_shard_and_differ():
     # The comparison can fail: each shard's statistics are not the batch's.
     differences = compare(2, 12, batch_norm="local")
@@ -250,9 +266,12 @@ def test_on_gpus_each_towers_statistics_are_summed_on_its_own_gpu(graph):
     x, y = batch(8)
     towers.build_train_op(bn_model([]), tf.constant(x), tf.constant(y), SGD(1.0),
                           ["/gpu:0", "/gpu:1"], batch_norm="sync")
+    gathered = [op for op in graph.get_operations() if op.type == "CollectiveGatherV2"]
     reduced = [op for op in graph.get_operations() if op.type == "CollectiveReduceV2"]
-    assert len(reduced) == 2 * 2 * 2 * 2  # layers x (mean, variance) x (forward, backward) x towers
-    for op in reduced:
+    # One collective per layer and tower each way: the statistics gathered forward, the
+    # gradients of mean and variance summed backward.
+    assert len(gathered) == len(reduced) == 2 * 2  # layers x towers
+    for op in gathered + reduced:
         tower = int(op.name.split("/")[0].removeprefix("tower_"))
         assert tf.DeviceSpec.from_string(op.device).device_index == tower, op.name
         assert tf.DeviceSpec.from_string(op.device).device_type == "GPU", op.name

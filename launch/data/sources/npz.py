@@ -121,8 +121,12 @@ def npz_arrays(name: str) -> tuple[tuple[tuple[int, ...], np.dtype], np.ndarray]
 
 
 def check_npz(name: str, spec: InputSpec) -> None:
-    _, label_key = _check_npz_meta(name, _npz_headers(name), spec)
+    """Every label, and every feature of float features: a NaN or infinite one would make
+    the first step holding it diverge, and the learning rate would take the blame."""
+    feature_key, label_key = _check_npz_meta(name, _npz_headers(name), spec)
     check_label_values(name, _load_npz_array(name, label_key), spec)
+    if not spec.feature_dtype.is_integer:
+        check_finite_features(name, _load_npz_array(name, feature_key))
 
 
 def load_npz(name: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -132,6 +136,21 @@ def load_npz(name: str, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
     check_label_values(name, labels, spec)
     return (features.reshape(-1, *spec.feature_shape),
             labels.reshape(-1, *spec.label_shape))
+
+
+def check_finite_features(name: str, features: np.ndarray) -> None:
+    """features [N, ...]: DataError naming the first example (0-based) holding a NaN or
+    infinite value, and how many do."""
+    finite = np.isfinite(features.reshape(len(features), -1)).all(axis=1)
+    if finite.all():
+        return
+    first = int(np.argmin(finite))
+    value = features.reshape(len(features), -1)[first]
+    value = value[~np.isfinite(value)][0]
+    raise DataError(f"{name}: example {first} (counted from 0) has a feature that is not a "
+                    f"finite number ({value}), as do {np.count_nonzero(~finite)} of its "
+                    f"{len(finite)} examples: replace or drop them before training (the first "
+                    "step to meet one would diverge)")
 
 
 def check_label_values(name: str, labels: np.ndarray, spec: InputSpec) -> None:

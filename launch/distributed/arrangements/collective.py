@@ -35,6 +35,7 @@ from launch.distributed.health.step_deadline import StepDeadline, stuck_step
 from launch.distributed.health.stop_vote import StopVoteHook
 from launch.errors import PeerUnavailable
 from launch.log import log
+from launch.metrics.throughput import job_examples_per_global_step
 from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
@@ -63,7 +64,8 @@ def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.Collective
         aggregation=home,
         reduce_gradients=towers.weighted_all_reduce(group,
                                                     base.process_batch_size / global_batch),
-        step_examples=global_batch,
+        global_step_examples=job_examples_per_global_step(
+            global_batch, task.num_workers, task.num_workers),
         session=collective_session(base.session, task, job.cluster),
     )
     return plan, group

@@ -33,6 +33,7 @@ from launch.distributed.health.stop_vote import StopVoteHook
 from launch.distributed.health.stragglers import StragglerWatch
 from launch.errors import BadInput
 from launch.log import log
+from launch.metrics.throughput import job_examples_per_global_step
 from launch.runtime.plan import Plan, Share, make_plan
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals
@@ -113,7 +114,7 @@ def rank_plan(job: JobConfig, rank: Rank, hvd: ModuleType) -> Plan:
     return dataclasses.replace(
         plan,
         reduce_gradients=all_reduce(hvd, share=plan.process_batch_size / batch),
-        step_examples=batch,
+        global_step_examples=job_examples_per_global_step(batch, rank.size, rank.size),
         sum_across_processes=sum_over_ranks(hvd),
         pack_bytes=0,  # Horovod fuses tensors itself (HOROVOD_FUSION_THRESHOLD)
     )
@@ -180,10 +181,13 @@ class HorovodRole(Role):
         super().__init__(writes=rank.rank == 0, label=f"rank{rank.rank}")
         self._hvd, self._rank = hvd, rank
         url = rendezvous_url()
-        cfg = job.train
-        stragglers = StragglerWatch(cfg.straggler_ratio, cfg.straggler_steps, write,
-                                    exporter) if rank.rank == 0 else None
+        stragglers = StragglerWatch.for_job(job.train, write, exporter) if rank.rank == 0 \
+            else None
+        self._stragglers = stragglers
         self._reports = RankReports(url, rank.rank, rank.size, stragglers) if url else None
+
+    def stragglers(self) -> list[str]:
+        return self._stragglers.named if self._stragglers is not None else []
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:
         # First, so every rank holds rank 0's global step before any hook reads it: a

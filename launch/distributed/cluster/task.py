@@ -21,11 +21,14 @@ class Task:
     """This process's place in the cluster.
 
     cluster: job name -> addresses, for the jobs that run servers (chief, worker, ps).
+    gpus: what CUDA_VISIBLE_DEVICES must be before TensorFlow starts ("" for none), where
+    the cluster's launcher shares a node's GPUs among its tasks; None leaves it alone.
     """
 
     cluster: Mapping[str, tuple[str, ...]]
     job_name: str
     task_index: int
+    gpus: str | None = None
 
     @property
     def is_chief(self) -> bool:

@@ -12,6 +12,10 @@
   trust, exactly as a single process would not.
 - In synchronous mode whoever stops the job also releases sync tokens, so a
   worker blocked waiting for its next token wakes up and sees the stop.
+- The chief, once its final checkpoint is written, puts that checkpoint's step on
+  the "final step" queue on ps 0, once for every other worker, and each of them
+  takes it for its result: in an asynchronous job workers go on stepping while the
+  job stops, so the step a worker last saw is not the step the job ended at.
 - Every worker, once its training session has closed (the chief's final
   checkpoint written), puts its rank on a "finished" queue on every ps task; a
   ps task exits when every worker has reported (the rest of its rules are in
@@ -54,6 +58,10 @@ def diverged_queue() -> tf.queue.FIFOQueue:
     return shared_queue("towers_diverged", "/job:ps/task:0")
 
 
+def final_step_queue() -> tf.queue.FIFOQueue:
+    return shared_queue("towers_final_step", "/job:ps/task:0")
+
+
 class PeerDiverged(Diverged):
     """Another worker of the job diverged (its rank is in the message)."""
 
@@ -69,7 +77,7 @@ class JobEndHook(V1.train.SessionRunHook):
     def __init__(self, task: Task, release_tokens: tf.Operation | None,
                  data_end: DataEndHook, write: Callable[[str], None]):
         self._task, self._data_end, self._write = task, data_end, write
-        stop, diverged = stop_queue(), diverged_queue()
+        stop, diverged, final = stop_queue(), diverged_queue(), final_step_queue()
         everyone = task.num_workers
         release = [release_tokens] if release_tokens is not None else []
         self._sizes = {"stop": stop.size(), "diverged": diverged.size()}
@@ -77,7 +85,7 @@ class JobEndHook(V1.train.SessionRunHook):
         self._signal_stop = tf.group(stop.enqueue_many(tf.zeros([everyone], tf.int32)), *release)
         ranks = tf.fill([everyone], tf.constant(task.worker_rank, tf.int32))
         self.signal_diverged = tf.group(diverged.enqueue_many(ranks), *release)
-        self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged)]
+        self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged, final)]
         self.graph = tf.compat.v1.get_default_graph()
         self.peer_diverged: int | None = None
 
@@ -123,6 +131,36 @@ def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None
                      options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         pass
+
+
+def tell_final_step(task: Task, master: str, config: V1.ConfigProto, step: int) -> None:
+    """The chief, its final checkpoint written: the job's last step, for every other
+    worker's result. A ps that is gone cannot pass it on; they keep the step they saw."""
+    if task.num_workers < 2:
+        return
+    graph = tf.Graph()
+    with graph.as_default():
+        tell = final_step_queue().enqueue_many(tf.fill([task.num_workers - 1], step))
+    try:
+        with V1.Session(master, graph=graph, config=config) as sess:
+            sess.run(tell, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+        pass
+
+
+def final_step(master: str, config: V1.ConfigProto, wait_secs: float) -> int | None:
+    """A worker other than the chief: the step of the chief's final checkpoint, waiting
+    for it at most wait_secs; None when it did not come (the chief failed, or ps 0 is
+    gone)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        take = final_step_queue().dequeue()
+    try:
+        with V1.Session(master, graph=graph, config=config) as sess:
+            return int(sess.run(take, options=V1.RunOptions(timeout_in_ms=int(wait_secs * 1000))))
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.CancelledError):
+        return None
 
 
 def report_finished(task: Task, master: str, config: V1.ConfigProto,

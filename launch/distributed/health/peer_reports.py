@@ -20,12 +20,19 @@ import numpy as np
 import tensorflow as tf
 
 from launch.distributed.cluster import Task
-from launch.distributed.health.stragglers import OwnTimes, Publisher, StragglerWatch, silent_peers
+from launch.distributed.health.stragglers import (
+    ALIVE_AT,
+    STEPS,
+    TIMES,
+    OwnTimes,
+    Publisher,
+    StragglerWatch,
+    silent_peers,
+)
 
 V1 = tf.compat.v1
 
 RPC_TIMEOUT_MS = 3000
-ALIVE_AT, STEPS, TIMES = 0, 1, slice(2, 5)  # a row: then own, input, compute (OwnTimes)
 
 
 def worker_names(task: Task) -> list[str]:
@@ -119,6 +126,6 @@ class PeerReportHook(Publisher):
             self.reports.publish(self.session, row)
             if self._stragglers is not None:
                 rows = self.reports.read(self.session)
-                self._stragglers.look(rows[:, TIMES], self.reports.names, self.times.steps)
+                self._stragglers.look(rows, self.reports.names, self.times.steps)
         except (tf.errors.OpError, RuntimeError):
             pass  # ps 0 not answering: the ps watch and the stall watch say so

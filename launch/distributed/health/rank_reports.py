@@ -80,10 +80,10 @@ class RankReports(Publisher):
 
     def _look_for_stragglers(self) -> None:
         reports = [self._read(rank) for rank in range(self._size)]
-        times = np.array([[float(x) for x in r[2:5]] if r else [0.0] * 3 for r in reports])
+        rows = np.array([[float(x) for x in r[:5]] if r else [0.0] * 5 for r in reports])
         names = [f"rank {rank} on {r[5]}" if r else f"rank {rank}"
                  for rank, r in enumerate(reports)]
-        self._stragglers.look(times, names, self.times.steps)
+        self._stragglers.look(rows, names, self.times.steps)
 
     def silent(self) -> list[str]:
         """'rank 1 (silent for 9 s)' for each other rank not reporting, or never having."""

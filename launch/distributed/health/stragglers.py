@@ -5,11 +5,19 @@ peer_reports.py; Horovod ranks through horovodrun's rendezvous store, rank_repor
 Each process keeps the medians over its last WINDOW steps of its own time per step
 (input wait plus compute plus apply: its step without the exchange, in which a
 synchronous process waits for the others), its input wait and its compute
-(`OwnTimes`), and publishes them. The chief (rank 0) reads everyone's once a second: a
-process whose own time per step has been at least `train.straggler_ratio` times the
-median of the others' for `train.straggler_steps` of the chief's steps is named once,
-with whether it waits on input or on compute, and again when it catches up;
-`towers_straggler{peer=...}` says 1 while it is one.
+(`OwnTimes`), and publishes them with its step count and the time (a report row:
+ALIVE_AT, STEPS, then the three medians). The chief (rank 0) reads everyone's once a
+second. A process is slow when its own time per step is at least `train.straggler_ratio`
+times the median of the others' *and* at least `train.straggler_min_secs` more (timing
+noise on a shared host is milliseconds: 0.001 s against 0.0004 s is 2.5x and no
+straggler). It is named, once, with whether it waits on input or on compute, when it
+has been slow for `train.straggler_steps` of the chief's steps and for WINDOW steps of
+its own (its medians then hold nothing from before, so one noisy window cannot name
+it); it is no longer one once it has not been slow for `train.straggler_steps` of the
+chief's steps. A process whose report has gone stale (it is frozen, or gone: the stall
+watch names it) takes no part, so its old medians neither name it nor others.
+`towers_straggler{peer=...}` says 1 while a process is named, with the name its line
+gives.
 
 The cadence and the silence rule are shared too: every process publishes once every
 PUBLISH_EVERY_SECS from a thread (`Publisher`), and one that has not for
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
@@ -27,11 +36,13 @@ import numpy as np
 import tensorflow as tf
 
 from launch import metrics
+from launch.config import TrainConfig
 
 V1 = tf.compat.v1
 
 WINDOW = 50  # steps: medians ignore the odd long step (a stall, a checkpoint)
 OWN, INPUT, COMPUTE = range(3)  # the columns of a process's times
+ALIVE_AT, STEPS, TIMES = 0, 1, slice(2, 5)  # a report row: then own, input, compute
 PUBLISH_EVERY_SECS = 1.0
 SILENT_AFTER_SECS = 2.5  # a process that has not published for this long is not reporting
 
@@ -54,62 +65,100 @@ class OwnTimes:
 
 
 class Straggler:
-    """Whether one process's own time per step is a clear margin over the others'."""
+    """Which processes are stragglers, by the module docstring's rule."""
 
-    def __init__(self, ratio: float, steps: int):
-        self.ratio, self.steps = ratio, steps
-        self.since: dict[int, int] = {}  # process -> the chief's step count when it began
+    def __init__(self, ratio: float, steps: int, min_secs: float = 0.0):
+        self.ratio, self.steps, self.min_secs = ratio, steps, min_secs
+        self.since: dict[int, tuple[int, float]] = {}  # slow: (chief's steps, own steps)
+        self.fine_since: dict[int, int] = {}  # named, not slow: the chief's steps then
         self.named: set[int] = set()
 
-    def judge(self, times: np.ndarray, chief_steps: int) -> tuple[list[int], list[int]]:
-        """(processes newly named stragglers, processes no longer stragglers).
+    def slow(self, rows: np.ndarray) -> list[bool]:
+        """Which processes' own time per step is a clear margin over the others' median.
+        rows: [processes, 5] report rows (`current`); 0 own time takes no part."""
+        found = []
+        for i, row in enumerate(rows):
+            others = [r[TIMES][OWN] for j, r in enumerate(rows) if j != i and r[TIMES][OWN] > 0]
+            if not (row[TIMES][OWN] > 0 and others):
+                found.append(False)
+                continue
+            median, own = statistics.median(others), row[TIMES][OWN]
+            found.append(own >= self.ratio * median and own - median >= self.min_secs)
+        return found
 
-        times: [processes, 3] of (own, input, compute) medians; 0 own: no report yet.
-        """
+    def judge(self, rows: np.ndarray, chief_steps: int) -> tuple[list[int], list[int]]:
+        """(processes newly named stragglers, processes no longer stragglers).
+        rows: as `slow`'s."""
         new, recovered = [], []
-        for i, row in enumerate(times):
-            others = [r[OWN] for j, r in enumerate(times) if j != i and r[OWN] > 0]
-            slow = bool(others) and row[OWN] >= self.ratio * statistics.median(others)
+        for i, slow in enumerate(self.slow(rows)):
             if not slow:
                 self.since.pop(i, None)
-                if i in self.named:
+                began = self.fine_since.setdefault(i, chief_steps)
+                if i in self.named and chief_steps - began >= self.steps:
                     self.named.discard(i)
                     recovered.append(i)
                 continue
-            began = self.since.setdefault(i, chief_steps)
-            if i not in self.named and chief_steps - began >= self.steps:
+            self.fine_since.pop(i, None)
+            began, own_began = self.since.setdefault(i, (chief_steps, rows[i][STEPS]))
+            lasting = (chief_steps - began >= self.steps
+                       and rows[i][STEPS] - own_began >= WINDOW)
+            if i not in self.named and lasting:
                 self.named.add(i)
                 new.append(i)
         return new, recovered
 
 
-def straggler_line(times: np.ndarray, names: Sequence[str], i: int) -> str:
+def current(rows: np.ndarray, now: float) -> np.ndarray:
+    """The report rows with the times of a process that has not reported for
+    SILENT_AFTER_SECS zeroed: its medians are from before it froze or went."""
+    rows = np.array(rows, dtype=np.float64)
+    rows[now - rows[:, ALIVE_AT] > SILENT_AFTER_SECS, TIMES] = 0.0
+    return rows
+
+
+def straggler_line(rows: np.ndarray, names: Sequence[str], i: int) -> str:
     """'straggler: worker 1 at h:p takes 3.1x the others' median time of its own per step
-    (...), mostly input (...)'."""
-    others = statistics.median(r[OWN] for j, r in enumerate(times) if j != i and r[OWN] > 0)
-    row = times[i]
-    waits = "input" if row[INPUT] >= row[COMPUTE] else "compute"
-    return (f"straggler: {names[i]} takes {row[OWN] / others:.1f}x the others' median time "
-            f"of its own per step ({row[OWN]:.3f} s against {others:.3f} s), mostly "
-            f"{waits} ({row[INPUT]:.3f} s input wait, {row[COMPUTE]:.3f} s compute)")
+    (...), mostly input (...)'. rows: report rows, as Straggler.judge's."""
+    own = rows[i][TIMES]
+    others = statistics.median(r[TIMES][OWN] for j, r in enumerate(rows)
+                               if j != i and r[TIMES][OWN] > 0)
+    waits = "input" if own[INPUT] >= own[COMPUTE] else "compute"
+    return (f"straggler: {names[i]} takes {own[OWN] / others:.1f}x the others' median time "
+            f"of its own per step ({own[OWN]:.3f} s against {others:.3f} s), mostly "
+            f"{waits} ({own[INPUT]:.3f} s input wait, {own[COMPUTE]:.3f} s compute)")
 
 
 class StragglerWatch:
-    """The chief's side: judges everyone's times, writes the lines, sets the metric."""
+    """The chief's side: judges everyone's reports, writes the lines, sets the metric.
+
+    named: every process named a straggler during the run, by the name its line gave
+    (the advice at the end reads it).
+    """
 
     def __init__(self, ratio: float, steps: int, write: Callable[[str], None],
-                 exporter: metrics.Exporter | None):
-        self._straggler = Straggler(ratio, steps)
+                 exporter: metrics.Exporter | None, min_secs: float = 0.0):
+        self._straggler = Straggler(ratio, steps, min_secs)
         self._write = write
+        self.named: list[str] = []
         self._gauge = None if exporter is None else exporter.gauge(
             "towers_straggler", "1 while the chief (rank 0) names this process a straggler",
             ["peer"])
 
-    def look(self, times: np.ndarray, names: Sequence[str], chief_steps: int) -> None:
-        """times: [processes, 3] as Straggler.judge's; names: each process's, for the line."""
-        new, recovered = self._straggler.judge(times, chief_steps)
+    @classmethod
+    def for_job(cls, cfg: TrainConfig, write: Callable[[str], None],
+                exporter: metrics.Exporter | None) -> StragglerWatch:
+        return cls(cfg.straggler_ratio, cfg.straggler_steps, write, exporter,
+                   cfg.straggler_min_secs)
+
+    def look(self, rows: np.ndarray, names: Sequence[str], chief_steps: int,
+             now: float | None = None) -> None:
+        """rows: [processes, 5] report rows; names: each process's, for the line."""
+        rows = current(rows, time.time() if now is None else now)
+        new, recovered = self._straggler.judge(rows, chief_steps)
         for i in new:
-            self._write(straggler_line(times, names, i))
+            self._write(straggler_line(rows, names, i))
+            if names[i] not in self.named:
+                self.named.append(names[i])
         for i in recovered:
             self._write(f"straggler no more: {names[i]} keeps up again")
         if self._gauge is not None:

@@ -247,8 +247,8 @@ def test_horovod_rate_is_rank_0s_last_result(prefix):
     the whole job, so other ranks' results and rank 0's earlier lines are ignored."""
     from launch.bench import cluster_rate
 
-    lines = [(1, '{"examples_per_sec": 5.0}'), (0, "towers: step 20/40"),
-             (0, '{"examples_per_sec": 7.0}'), (1, '{"examples_per_sec": 6.0}')]
+    lines = [(1, '{"job_examples_per_sec": 5.0}'), (0, "towers: step 20/40"),
+             (0, '{"job_examples_per_sec": 7.0}'), (1, '{"job_examples_per_sec": 6.0}')]
     stdout = "\n".join(prefix.format(rank=rank) + text for rank, text in lines)
     assert cluster_rate("horovod", stdout, "") == 7.0
 
@@ -295,7 +295,16 @@ def test_precision_rows_side_by_side_with_flops_and_the_share_of_peak(tmp_path):
         number_type = "float32" if variant == "float32" else "bfloat16"
         assert row["fraction_of_peak"] == pytest.approx(
             row["examples_per_sec_median"] * row["flops_per_example"] / peaks[number_type])
+    # The ceiling: the model's own matmuls timed alone in both types, beside the row's
+    # own gain over float32.
+    half = rows[("1 device", 1, "mixed_bfloat16")]
+    assert rows[("1 device", 1, "float32")]["kernel_ceiling"] is None
+    assert half["kernel_ceiling"] > 0
+    assert half["fraction_of_ceiling"] == pytest.approx(
+        half["ratio_to_base_variant"] / half["kernel_ceiling"])
     assert "peak (2048x2048 matmul, median): float32" in result.stdout
+    assert "| of peak | kernel ceiling | of ceiling |" in result.stdout
+    assert 0 < report["run"]["kernel_share"] < 1.5
 
 USER_MODEL = '''
 import keras
@@ -324,3 +333,74 @@ def test_a_case_process_resolves_a_model_of_the_users_own(tmp_path):
     assert case.facts["trainable_bytes"] == (8 * 16 + 16 + 16 * 2 + 2) * 4  # one set, no copies
     assert sorted(case.read()) == ["sequential/dense/bias", "sequential/dense/kernel",
                                    "sequential/dense_1_1/bias", "sequential/dense_1_1/kernel"]
+
+
+# A model whose rows stop answering, as rows did on a machine too loaded for them: the
+# 1-device row hangs in its build, the first 2-tower row to build in its first timed
+# step (after the warm-up). `marks` is a directory where each claims its part.
+STALLING_MODEL = '''
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import towers
+
+
+def _claim(marks, part):
+    try:
+        os.close(os.open(os.path.join(marks, part), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+
+
+def build(marks, warmup):
+    def model_fn(features, labels, ctx):
+        w = tf.compat.v1.get_variable("w", [8, 2])
+        logits = tf.matmul(features, w)
+        if ctx.num_towers == 1 and _claim(marks, "build"):
+            time.sleep(3600)
+        if ctx.num_towers == 2 and ctx.index == 0 and _claim(marks, "step"):
+            steps = []
+
+            def stall():
+                steps.append(1)
+                if len(steps) > warmup:
+                    time.sleep(3600)
+                return np.float32(0)
+
+            logits += tf.numpy_function(stall, [], tf.float32, stateful=True)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+        return towers.TowerOutputs(tf.reduce_mean(losses))
+
+    return model_fn
+
+
+build.input_spec = {"feature_shape": [8], "num_classes": 2}
+'''
+
+
+@pytest.mark.e2e
+def test_rows_that_stop_answering_are_reported_and_the_others_measured(tmp_path):
+    (tmp_path / "stalling_net.py").write_text(STALLING_MODEL)
+    (tmp_path / "marks").mkdir()
+    result = subprocess.run(
+        towers_command("bench", "--set", "model.name=stalling_net:build",
+                       "--set", f"model.path={tmp_path}", "--set", f"model.marks={tmp_path}/marks",
+                       "--set", "model.warmup=1", "--batch", "8", "--steps", "2", "--warmup", "1",
+                       "--repeats", "2", "--towers", "1,2",
+                       "--modes", "parameter_server,replicated", "--timeout", "25"),
+        env=environment(), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stderr[-3000:]  # rows failed: the table says why
+    assert "Traceback" not in result.stderr
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip()
+            for line in result.stdout.splitlines() if line.startswith("| ") and "float32" in line}
+    silent = "failed: did not answer within 25 s (--timeout)"
+    assert rows["1 device"] == silent  # the baseline's build
+    assert sorted(rows[mode] == silent for mode in ("parameter_server", "replicated")) == [
+        False, True]  # one row's timed step
+    measured = next(r for r in rows.values() if r != silent)
+    assert float(measured) > 0
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == ["build", "step"]

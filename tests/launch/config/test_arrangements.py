@@ -11,7 +11,10 @@ from launch.config.arrangements import CollectiveRules, HorovodRules, PsWorkerRu
 
 @pytest.mark.parametrize("backend, command, cluster, chosen", [
     ("auto", "train", (), "in_process"),
-    ("auto", "train", ("ps", "worker"), "in_process"),  # train runs one process whatever
+    # `towers train` has a cluster only under a launcher (Slurm, an Indexed Job): its task.
+    ("auto", "train", ("ps", "worker"), "ps_worker"),
+    ("auto", "train", ("worker",), "collective"),
+    ("collective", "train", ("worker",), "collective"),
     ("auto", "worker", ("ps", "worker"), "ps_worker"),
     ("auto", "ps", ("ps", "worker"), "ps_worker"),
     ("auto", "worker", ("chief", "worker"), "collective"),
@@ -30,6 +33,10 @@ def test_auto_lets_the_command_choose_from_the_cluster(backend, command, cluster
     ("horovod", "worker", ("ps", "worker"), "horovod runs as `towers train` ranks under "
                                             "horovodrun, not `towers worker`"),
     ("ps_worker", "worker", ("worker",), "ps_worker: a ps/worker job needs at least one ps"),
+    ("collective", "train", (), "; this `towers train` is not a task of a Slurm step of "
+                                "several tasks or of a Kubernetes Indexed Job"),
+    ("horovod", "train", ("worker",), "horovod runs as `towers train` ranks under horovodrun, "
+                                      "not as a task of a Slurm step"),
     ("collective", "local-cluster", ("ps", "worker"), "collective: a collective job has no ps"),
     ("mirrored", "train", (), "unknown value 'mirrored'; accepted: auto, collective, horovod,"),
 ])
@@ -80,16 +87,23 @@ def test_a_rule_two_arrangements_share_is_stated_once():
         assert texts[0] == texts[1]
 
 
-def test_local_cluster_refuses_before_any_task_starts(tmp_path):
-    result = run_in_process("local-cluster", "--ps", "0", "--workers", "2",
-                            "--set", "data.epochs=1",
+@pytest.mark.parametrize("ps, setting, refusal", [
+    ("0", "data.epochs=1",
+     "data.epochs: not available in a collective job (no ps tasks): its processes step "
+     "together and their shares of the data may end at different steps, leaving the others "
+     "waiting for ever; leave it unset and bound the job with train.steps"),
+    ("1", "towers.batch_norm=sync",
+     "towers.batch_norm: sync is not available in ps/worker jobs: the workers do not share "
+     "batch statistics"),
+])
+def test_local_cluster_refuses_once_before_any_task_starts(tmp_path, ps, setting, refusal):
+    """Once, by the launcher: a task started would print it again (and this tier's guard
+    fails a test that starts a process)."""
+    result = run_in_process("local-cluster", "--ps", ps, "--workers", "2", "--set", setting,
                             "--set", f"train.checkpoint_dir={tmp_path / 'c'}")
     assert result.returncode == 2
-    assert result.stderr.splitlines() == [
-        "towers: error: --set: data.epochs: not available in a collective job (no ps tasks): "
-        "its processes step together and their shares of the data may end at different "
-        "steps, leaving the others waiting for ever; leave it unset and bound the job with "
-        "train.steps"]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"towers: error: --set: {refusal}"), lines
     assert not (tmp_path / "c").exists()
 
 

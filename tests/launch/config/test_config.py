@@ -101,6 +101,7 @@ train:
   stall_abort_secs: null
   straggler_ratio: 1.5
   straggler_steps: 50
+  straggler_min_secs: 0.02
   timeline: null
   timeline_steps: [5, 15]
   profile_steps: null
@@ -108,6 +109,7 @@ eval:
   steps: null
   batch_size: 256
   every_secs: 30
+  precision: float32
 session:
   allow_growth: true
   per_process_gpu_memory_fraction: null
@@ -127,6 +129,8 @@ cluster:
   worker: []
   chief: []
   evaluator: []
+  ps_per_node: 0
+  port_base: null
   startup_timeout_secs: 120.0
   operation_timeout_secs: 300.0
   shutdown_grace_secs: 30.0
@@ -513,6 +517,8 @@ BAD = [
     ("metrics: {keyfile: k.pem}", "metrics.certfile", "required when metrics.keyfile is set"),
     ("metrics: {port: 70000}", "metrics.port", "must be in [0, 65535]"),
     ("eval: {every_secs: 0}", "eval.every_secs", "must be > 0"),
+    ("cluster: {ps_per_node: -1}", "cluster.ps_per_node", "must be >= 0"),
+    ("cluster: {port_base: 0}", "cluster.port_base", "must be in (0, 65535]"),
     ("run: {name: 5}", "run.name", "expected a string, got int 5"),
     ("model: [mlp]", "model", "expected a mapping"),
     ("model: {name: ''}", "model.name", "must not be empty"),

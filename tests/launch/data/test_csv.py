@@ -123,6 +123,43 @@ def test_labels_that_are_not_class_ids_are_refused(tmp_path, label, says):
     assert f"d.csv: line 6, column 'label': {says}" in _error(path)
 
 
+def test_class_names_for_labels_are_told_to_be_numbered_never_skipped(tmp_path):
+    """Skipping would drop every row (and, where only some rows name their class, the
+    rows of those classes): the hint is the fix, numbering the classes."""
+    path = tmp_path / "d.csv"
+    path.write_text("x0,x1,label\n" + "".join(f"{i}.5,{i},class_{i % 3}\n" for i in range(133)))
+    every = _error(path, InputSpec((2,), tf.float32, (), tf.int32, 3))
+    assert every.endswith("line 2, column 'label': 'class_0' is not a class id: labels are "
+                          "whole numbers from 0 (number the classes before training; names "
+                          "are not mapped) (and every other row)"), every
+    write_table(path, rows=20)
+    write_table(path, rows=20, spoil={4: with_cell(path, 4, 12, "setosa")})
+    some = _error(path)
+    assert some.endswith("(number the classes before training; names are not mapped) "
+                         "(1 bad row)") and "skip" not in some, some
+
+
+def test_a_cell_that_is_not_a_finite_number_is_a_bad_row(graph, tmp_path):
+    path = tmp_path / "d.csv"
+    features, _ = write_table(path, rows=20)
+    write_table(path, rows=20, spoil={4: with_cell(path, 4, 3, "nan"),
+                                      7: with_cell(path, 7, 0, "-inf")})
+    assert _error(path).endswith("d.csv: line 6, column 'x3': nan is not a finite number "
+                                 "(2 bad rows; data.on_bad_record: skip leaves bad rows out)")
+    skipped = SkippedRecords(str(path), lambda line: None)
+    read, _ = read_all(make_dataset("csv", TABLE, 18, path=str(path), training=False,
+                                    repeat=False, skipped=skipped))
+    assert skipped.count == 2 and np.allclose(read, np.delete(features, [4, 7], axis=0))
+
+
+def test_a_blank_cell_among_good_rows_may_be_skipped(tmp_path):
+    path = tmp_path / "d.csv"
+    write_table(path, rows=20)
+    write_table(path, rows=20, spoil={4: with_cell(path, 4, 3, "")})
+    assert _error(path).endswith("the cell is blank (1 bad row; data.on_bad_record: skip "
+                                 "leaves bad rows out)")
+
+
 # ------------------------------------------------------------------- columns
 
 

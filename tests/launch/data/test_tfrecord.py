@@ -205,6 +205,36 @@ def test_label_out_of_range_is_named(tmp_path):
         path, "imagenet")
 
 
+def _float_records(path, bad: int | None = None) -> tuple[str, np.ndarray]:
+    """8 records of 6 floats under 'x' and a label under 'y'; record `bad` holds a NaN."""
+    values = np.random.default_rng(0).normal(size=(8, 6)).astype(np.float32)
+    if bad is not None:
+        values[bad, 4] = np.nan
+    return write_examples(path, ({
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=row)),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+    } for i, row in enumerate(values))), values
+
+
+FLOATS = "{features: x, shape: [6], label: y, num_classes: 2}"
+
+
+def test_a_feature_that_is_not_finite_is_a_bad_record_named_up_front(graph, tmp_path):
+    path, values = _float_records(tmp_path / "nan.tfrecord", bad=5)
+    spec = InputSpec((6,), tf.float32, (), tf.int32, 2)
+    assert _check_error(path, FLOATS, spec) == (
+        f"{path}: record 5: 'x' holds nan, not a finite number (the first step to meet it "
+        "would diverge)")
+    cfg = _data("source=tfrecord", f"path={path}", f"schema={FLOATS}", "on_bad_record=skip")
+    lines = []
+    skipped = SkippedRecords(path, lines.append)
+    (x, _), = _batches(_dataset(cfg, spec=spec, batch=7, skipped=skipped, training=False,
+                                repeat=False))
+    assert skipped.count == 1 and lines[0].startswith(f"data: skipped {path}: record 5: 'x' holds "
+                                                      "nan, not a finite number")
+    assert np.array_equal(x, np.delete(values, 5, axis=0))  # left out, the rest in order
+
+
 def test_a_bad_record_anywhere_is_named_up_front(tmp_path):
     path, _ = _late_bad_records(tmp_path)  # record 20 parses; 27 has no label
     assert _check_error(path, "imagenet").startswith(

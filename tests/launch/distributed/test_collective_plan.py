@@ -24,7 +24,7 @@ def test_each_worker_keeps_its_variables_on_itself_and_takes_its_share():
     plan, group = plans[1]
     assert plan.devices == ["/job:worker/task:1/cpu:0", "/job:worker/task:1/cpu:1"]
     assert plan.param_device == plan.aggregation == group.device == "/job:worker/task:1/cpu:0"
-    assert (group.size, plan.step_examples) == (3, 64)
+    assert (group.size, plan.job_examples_per_step) == (3, 64)
     assert plan.reduce_gradients is not None
 
 

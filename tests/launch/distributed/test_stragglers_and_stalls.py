@@ -2,7 +2,8 @@
 time (its input is slow, the chief's is not): the chief names worker 1, and no other, a
 straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for longer
 than train.stall_warning_secs, and the chief names it as what its step waits for, within
-the warning time and a few seconds; continued (SIGCONT), steps go on, and SIGTERM to every
+the warning time and a few seconds; continued (SIGCONT), worker 1 says it did not run and
+steps go on, and SIGTERM to every
 task ends each with 0, each saying where its step time went. The job has no end of its
 own: on a fast machine a bounded one could finish before the straggler is judged."""
 
@@ -42,6 +43,7 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
         stall_after = time.monotonic() - stopped
         os.kill(slow.proc.pid, signal.SIGCONT)
         chief.wait_for(r"steps go on again after")
+        thawed = slow.wait_for(r"this process did not run for \d+ s .*").group(0)
         for task in cluster.tasks.values():
             task.proc.terminate()
         cluster.finish()
@@ -58,6 +60,8 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
                             f"reporting: {worker1} (silent for ")
     assert "worker 0 at" not in stall
     assert stall_after < WARNING_SECS + 5  # the promise: named within the warning time
+    # The stopped worker, continued, says what happened to it and blames no one else.
+    assert thawed.endswith("its steps go on") and "a ps busy or slow" not in slow.stderr
     results = {name: last_json(cluster.tasks[name].stdout) for name in ("chief", "worker1")}
     assert all(r["stopped_by"] == "signal" and set(r["step_phases"]) ==
                {"input", "compute", "exchange", "apply"} for r in results.values())
@@ -65,6 +69,8 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
     # Its own input wait is the slow worker's, whatever the stop did to the rest.
     assert results["worker1"]["step_phases"]["input"] > results["chief"]["step_phases"]["input"]
     assert all("advice: " in cluster.tasks[name].stderr for name in results)
+    if results["chief"]["bottleneck"] == "exchange":  # the wait for worker 1 is in it
+        assert f"but {worker1} was named a straggler above" in chief.stderr
     # Each worker's timeline, merged: one process row each, every phase, on one clock.
     files = [str(tmp_path / f"tl.worker{i}.json") for i in (0, 1)]
     merged = run_in_process("timeline", "merge", *files, "--out", str(tmp_path / "job.json"))

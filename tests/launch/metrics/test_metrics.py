@@ -8,6 +8,7 @@ installs; without them these tests fail (not skip) and say so.
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,7 +31,7 @@ from launch import metrics
 from launch.config import MetricsConfig, SessionConfig
 from launch.metrics import exporter as exporter_module
 from launch.metrics.training import _UNSCRAPED_DURATIONS
-from launch.runtime.hooks import ProgressHook
+from launch.runtime.progress import ProgressHook
 
 V1 = tf.compat.v1
 RUN = "metrics-test"
@@ -378,7 +379,7 @@ def query_until_found(api: str, deadline: float) -> list[dict]:
 def has_trained(scrapes: list[str], steps: int = 50) -> bool:
     """Enough training for the checks: some steps, and a second for examples/sec."""
     last = scrapes[-1] if scrapes else ""
-    return ("towers_examples_per_second" in last
+    return ("towers_job_examples_per_second" in last
             and value(last, "towers_global_step") >= steps)
 
 
@@ -449,7 +450,8 @@ def test_the_examples_counter_is_steps_times_the_global_batch(training):
 @pytest.mark.e2e
 def test_a_training_scrape_has_every_promised_series(training):
     found = samples(training.scrapes[-1])
-    for name in ("towers_global_step", "towers_examples_total", "towers_examples_per_second",
+    for name in ("towers_global_step", "towers_examples_total", "towers_job_examples_per_second",
+                 "towers_process_examples_per_second",
                  "towers_step_seconds_bucket", "towers_loss", "towers_learning_rate",
                  "towers_gradient_norm", "towers_towers", "towers_accuracy",
                  "towers_nonfinite_loss_total", "towers_checkpoint_last_save_timestamp_seconds",
@@ -462,6 +464,17 @@ def test_a_training_scrape_has_every_promised_series(training):
     for name, series in found.items():
         for labels, _ in series:
             assert {"job": "train", "task": "0", "run": RUN}.items() <= labels.items(), name
+
+
+@pytest.mark.e2e
+def test_every_series_the_grafana_dashboard_draws_is_one_training_serves(training):
+    """A renamed series breaks the dashboard's panel silently: its series must exist."""
+    with open(os.path.join(ROOT, "docker", "grafana", "towers-dashboard.json")) as f:
+        exprs = [t["expr"] for p in json.load(f)["panels"] for t in p.get("targets", [])]
+    drawn = {name for expr in exprs for name in re.findall(r"\b((?:towers|process)_\w+)\{", expr)}
+    assert "towers_job_examples_per_second" in drawn
+    served = set(samples(training.scrapes[-1]))
+    assert drawn - set(metrics.GPU_METRICS) <= served, drawn - served  # GPU hosts only
 
 
 @pytest.mark.e2e

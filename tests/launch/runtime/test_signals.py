@@ -6,7 +6,9 @@ import signal
 import threading
 import time
 
+import pytest
 import tensorflow as tf
+from helpers.commands import FAST, Process, environment, last_json, wait_until
 
 from launch.runtime.hooks import StopOnSignalHook
 from launch.runtime.signals import StopSignals
@@ -93,3 +95,42 @@ def test_a_process_done_with_its_work_outlives_a_late_stop_request(monkeypatch):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# A towers process whose interpreter takes its time to shut down (as one with
+# TensorFlow's threads may): it says when it begins, and ends once told to.
+SLOW_EXIT = '''
+import atexit, os, pathlib, time
+
+def _slow_exit():
+    pathlib.Path(os.environ["EXITING_FILE"]).write_text("exiting")
+    while not pathlib.Path(os.environ["GO_FILE"]).exists():
+        time.sleep(0.05)
+
+atexit.register(_slow_exit)
+'''
+
+
+@pytest.mark.e2e
+def test_a_stop_signal_meeting_a_finished_job_as_it_exits_leaves_it_exiting_0(tmp_path):
+    """A job ended by its data has printed its result; the SIGTERM meant for it arrives
+    as the process shuts down. It exits 0, not 143, which an orchestrator would take for a
+    failure and restart."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_EXIT)
+    exiting, go = tmp_path / "exiting", tmp_path / "go"
+    env = {"PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{environment()['PYTHONPATH']}",
+           "EXITING_FILE": str(exiting), "GO_FILE": str(go)}
+    job = Process(tmp_path, "train", "train", *FAST, "--set", "train.steps=2",
+                  "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}", env=env)
+    try:
+        wait_until(exiting.exists, "the process to finish its work", timeout=180)
+        assert last_json(job.stdout)["global_step"] == 2  # its result is out
+        # SIGTERM's default action ends a process as the signal is sent: once sent, the
+        # process may go on only if it does not take it.
+        job.proc.send_signal(signal.SIGTERM)
+        go.write_text("go")
+        assert job.wait(timeout=60) == 0, job.stderr[-2000:]
+    finally:
+        go.write_text("go")
+        job.stop()

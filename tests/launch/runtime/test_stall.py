@@ -5,6 +5,7 @@ not got its batch is said to wait for its input; one that has, for what its proc
 role names (in one process, its devices)."""
 
 import threading
+import time
 
 import tensorflow as tf
 
@@ -88,3 +89,20 @@ class _Sessions(V1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         self.last = session
+
+
+def test_a_process_that_did_not_run_says_so_and_blames_nothing_it_waits_for():
+    """SIGSTOP and SIGCONT (or a paused VM): the watch's next look comes far later than
+    due. The process was not running, so no peer or ps held its step up."""
+    lines = []
+    watch = StallWatch(3.0, None, lambda: "every worker reports; a ps busy or slow",
+                       lines.append, lambda error: None)
+    start = time.monotonic()
+    assert watch.look(start, start + 31.6) == start + 31.6
+    assert lines == ["this process did not run for 31 s (it was suspended: SIGSTOP, a paused "
+                     "container or VM, or a host starved of CPU); its steps go on"]
+    watch.look(start + 31.6, start + 32.1)
+    watch.look(start + 32.1, start + 32.6)
+    assert len(lines) == 1  # its stall clock started again when it ran again
+    watch.look(start + 32.6, start + 35.0)  # a real stall since: named as before
+    assert lines[-1].startswith("no step has finished for 3 s") and len(lines) == 2

@@ -13,11 +13,14 @@ from tensorflow.core.framework.step_stats_pb2 import StepStats
 import towers
 from launch import metrics
 from launch.config import from_dict
-from launch.runtime.step_phases import StepPhaseHook, StepPhases, advice, bottleneck, split_step
+from launch.runtime.advice import Setup, advice, bottleneck
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, split_step
 from launch.runtime.train import train
 
 V1 = tf.compat.v1
 SHARES = re.compile(r"input (\d+)% compute (\d+)% exchange (\d+)% apply (\d+)%")
+TINY_JOB = {"model": {"name": "mlp", "input_dim": 8, "hidden_units": [16], "num_classes": 2},
+            "data": {"source": "synthetic", "num_examples": 256}, "towers": {"devices": 2}}
 
 
 def stats(*nodes) -> StepStats:
@@ -52,25 +55,89 @@ def test_steps_before_the_first_sample_are_charged_in_its_shares():
     phases.add(2.0)
     assert phases.total == {"input": 2.0, "compute": 2.0, "exchange": 0.0, "apply": 0.0}
     assert sum(sum(s.values()) for s in seen) == pytest.approx(4.0)
-    assert phases.take_window() == {"input": 0.5, "compute": 0.5, "exchange": 0.0, "apply": 0.0}
-    assert phases.take_window() == {}
+
+
+def test_a_progress_lines_shares_are_its_intervals_samples_or_say_they_are_the_runs():
+    phases = StepPhases()
+    assert phases.window_text() == ""  # nothing measured yet
+    phases.add(1.0, {"input": 0.5, "compute": 0.5, "exchange": 0.0, "apply": 0.0})
+    phases.add(3.0)
+    assert phases.window_text() == "input 50% compute 50% exchange 0% apply 0%"
+    phases.add(1.0, {"input": 0.0, "compute": 1.0, "exchange": 0.0, "apply": 0.0})
+    assert phases.window_text() == "input 0% compute 100% exchange 0% apply 0%"
+    phases.add(5.0)  # no sample in this interval: the run's shares, and it says so
+    assert phases.window_text() == "run so far: input 20% compute 80% exchange 0% apply 0%"
+
+
+def test_a_short_runs_lines_never_repeat_one_sample_as_their_own(tmp_path):
+    """One sample in the whole run (phase_sample_secs far longer than it): the first
+    line, whose interval holds it, shows it; the others say they show the run's."""
+    lines = []
+    train(from_dict({**TINY_JOB, "train": {"batch_size": 32, "steps": 30, "log_every_steps": 10,
+                                           "phase_sample_secs": 3600,
+                                           "checkpoint_dir": str(tmp_path)}}),
+          write=lines.append)
+    shown = [line.split(" eta=")[1].partition(" ")[2] for line in lines
+             if line.startswith("step ")]
+    assert len(shown) == 3 and SHARES.fullmatch(shown[0]), shown
+    assert all(text.startswith("run so far: ") and SHARES.search(text) for text in shown[1:])
 
 
 @pytest.mark.parametrize("shares, expected, names", [
     ({"input": 0.31, "compute": 0.52, "exchange": 0.14, "apply": 0.03}, "input",
-     ["data.num_parallel_calls", "TFRecords"]),
+     ["data.num_parallel_calls (now 2)", "data.threads (now 1)", "TFRecords"]),
     ({"input": 0.02, "compute": 0.40, "exchange": 0.55, "apply": 0.03}, "exchange",
-     ["towers.variable_update", "towers.gradient_dtype"]),
+     ["towers.variable_update: replicated", "towers.gradient_dtype"]),
     ({"input": 0.10, "compute": 0.80, "exchange": 0.08, "apply": 0.02}, "compute",
      ["towers.precision", "towers.xla"]),
     ({"input": 0.00, "compute": 0.60, "exchange": 0.00, "apply": 0.40}, "apply",
-     ["towers.param_device"]),
+     ["towers.param_device: least_loaded", "(sgd)"]),
 ])
 def test_the_advice_names_the_measured_bottleneck_and_its_settings(shares, expected, names):
+    job = from_dict({"data": {"source": "tfrecord", "path": "x", "schema": "imagenet",
+                              "num_parallel_calls": 2, "threads": 1}})
     assert bottleneck(shares) == expected
-    line = advice(shares)
+    line = advice(shares, job)
     assert line.startswith(f"{expected}-bound ({round(100 * shares[expected])}% of the step")
-    assert all(name in line for name in names)
+    assert all(name in line for name in names), line
+
+
+@pytest.mark.parametrize("shares, towers_section, in_use", [
+    ({"input": 0.0, "compute": 0.9, "exchange": 0.05, "apply": 0.05},
+     {"precision": "mixed_bfloat16"}, "towers.precision"),
+    ({"input": 0.0, "compute": 0.4, "exchange": 0.55, "apply": 0.05},
+     {"gradient_dtype": "bfloat16"}, "towers.gradient_dtype"),
+    ({"input": 0.0, "compute": 0.6, "exchange": 0.0, "apply": 0.4},
+     {"param_device": "least_loaded"}, "towers.param_device"),
+])
+def test_the_advice_never_proposes_the_setting_in_use(shares, towers_section, in_use):
+    line = advice(shares, from_dict({"towers": towers_section}))
+    assert in_use not in line and "try " in line, line
+
+
+def test_with_everything_in_use_the_advice_says_what_is_left():
+    line = advice({"input": 0.0, "compute": 0.9, "exchange": 0.05, "apply": 0.05},
+                  from_dict({"towers": {"precision": "mixed_bfloat16", "xla": True}}))
+    assert line.startswith("compute-bound (90% of the step is the towers' forward and backward"
+                           "): 16-bit compute and XLA are in use already"), line
+    assert "try" not in line
+
+
+def test_an_exchange_bound_chief_that_named_a_straggler_is_pointed_at_it():
+    shares = {"input": 0.0, "compute": 0.2, "exchange": 0.78, "apply": 0.02}
+    line = advice(shares, from_dict({}), Setup(ps_tasks=True, processes=3),
+                  ["worker 1 at h:2"])
+    assert "worker 1 at h:2 was named a straggler above: speed it up first" in line
+    assert "gradient_dtype" not in line and "try" not in line
+
+
+def test_a_16_bit_job_is_not_told_to_try_its_own_precision(tmp_path):
+    lines = []
+    train(from_dict({**TINY_JOB, "towers": {"devices": 2, "precision": "mixed_bfloat16"},
+                     "train": {"batch_size": 32, "steps": 20, "phase_sample_secs": 0,
+                               "checkpoint_dir": str(tmp_path)}}), write=lines.append)
+    said = [line for line in lines if line.startswith("advice: ")]
+    assert len(said) == 1 and "mixed_bfloat16" not in said[0], said
 
 
 def test_a_slow_input_pipeline_is_measured_as_input_wait():
@@ -96,9 +163,7 @@ def test_a_slow_input_pipeline_is_measured_as_input_wait():
 
 
 def test_a_job_shows_its_phases_in_progress_lines_result_and_metrics(tmp_path):
-    raw = {"model": {"name": "mlp", "input_dim": 8, "hidden_units": [16], "num_classes": 2},
-           "data": {"source": "synthetic", "num_examples": 256}, "towers": {"devices": 2},
-           "train": {"batch_size": 32, "steps": 30, "log_every_steps": 10,
+    raw = {**TINY_JOB, "train": {"batch_size": 32, "steps": 30, "log_every_steps": 10,
                      "phase_sample_secs": 0, "checkpoint_dir": str(tmp_path)}}
     lines = []
     exporter = metrics.start(from_dict({"metrics": {"port": 0}}).metrics,

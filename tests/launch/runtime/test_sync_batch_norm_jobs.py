@@ -72,3 +72,22 @@ def test_a_keras_job_with_dropout_repeats_for_a_fixed_seed(tmp_path):
     assert saved[0].keys() == saved[1].keys()
     for name in saved[0]:
         np.testing.assert_array_equal(saved[0][name], saved[1][name], err_msg=name)
+
+
+def test_sync_batch_norm_that_synchronized_nothing_is_a_warning_line_naming_the_setting(
+        tmp_path, recwarn):
+    """An MLP has no batch norm: the library's warning reaches the user as one line in the
+    job file's terms, not as a Python UserWarning with its source line on stderr."""
+    lines = []
+    raw = {"model": {"name": "mlp", "input_dim": 8, "hidden_units": [8], "num_classes": 2},
+           "data": {"source": "synthetic", "num_examples": 64},
+           "towers": {"devices": 2, "batch_norm": "sync"},
+           "train": {"batch_size": 8, "steps": 1, "checkpoint_dir": str(tmp_path)}}
+    train(from_dict(raw), write=lines.append)
+    warned = [line for line in lines if line.startswith("warning: ")]
+    assert warned == [
+        "warning: towers.batch_norm: sync: the model computed no statistic across the towers, "
+        "so its batch norms, if any, normalize by each tower's own shard; compute their "
+        "moments with ctx.batch_moments (or use Keras' BatchNormalization(synchronized=True)), "
+        "or set towers.batch_norm: local"], lines
+    assert not [w for w in recwarn if "batch_norm" in str(w.message)]

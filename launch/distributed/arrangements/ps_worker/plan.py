@@ -10,6 +10,7 @@ import tensorflow as tf
 import towers
 from launch.config import ClusterConfig, JobConfig
 from launch.distributed.cluster import Task
+from launch.metrics.throughput import job_examples_per_global_step
 from launch.runtime.plan import Plan, Share, make_plan
 
 V1 = tf.compat.v1
@@ -25,12 +26,17 @@ def worker_plan(job: JobConfig, task: Task) -> Plan:
         ps_strategy=towers.GreedyByteBalancer(len(task.cluster["ps"])),
     )
     host = f"{task.device}/cpu:0"
+    # A synchronous update holds a gradient of every worker but the backups; an
+    # asynchronous worker's step moves the global step by one.
+    aggregated = task.num_workers - job.train.backup_workers if job.train.sync else 1
     return dataclasses.replace(
         base,
         devices=[f"{task.device}{d}" for d in base.devices],
         param_device=setter,
         host=host,
         aggregation=host,
+        global_step_examples=job_examples_per_global_step(
+            job.train.batch_size, task.num_workers, aggregated),
         session=worker_session(base.session, task, job.cluster),
     )
 

@@ -12,7 +12,13 @@ from launch.config import JobConfig
 from launch.distributed.arrangements.ps_worker import sync_replicas
 from launch.distributed.arrangements.ps_worker.chief_wait import wait_for_chief
 from launch.distributed.cluster import Task
-from launch.distributed.health.ending import JobEndHook, report_finished, tell_diverged
+from launch.distributed.health.ending import (
+    JobEndHook,
+    final_step,
+    report_finished,
+    tell_diverged,
+    tell_final_step,
+)
 from launch.distributed.health.peer_reports import PeerReportHook, PeerReports, stall_cause
 from launch.distributed.health.step_deadline import StepDeadline
 from launch.distributed.health.stragglers import StragglerWatch
@@ -47,6 +53,7 @@ class WorkerRole(Role):
         self._end: JobEndHook | None = None
         self._exporter = exporter
         self._reports: PeerReportHook | None = None
+        self._stragglers: StragglerWatch | None = None
         self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
@@ -69,12 +76,15 @@ class WorkerRole(Role):
 
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""
-        cfg = self._job.train
-        stragglers = StragglerWatch(cfg.straggler_ratio, cfg.straggler_steps, self._write,
-                                    self._exporter) if self.is_chief else None
+        stragglers = StragglerWatch.for_job(self._job.train, self._write, self._exporter) \
+            if self.is_chief else None
         self._reports = PeerReportHook(PeerReports(self._task), stragglers)
+        self._stragglers = stragglers
         phases.listen(self._reports.times.on_phases)
         return self._reports
+
+    def stragglers(self) -> list[str]:
+        return self._stragglers.named if self._stragglers is not None else []
 
     def stall_cause(self) -> str:
         """Which workers stopped reporting, or that ps 0 does not answer."""
@@ -93,8 +103,24 @@ class WorkerRole(Role):
         return None if self._sync is None else self._sync.get_init_tokens_op(num_tokens=1)
 
     def finish(self, result: dict) -> dict:
+        """The job's last step in every worker's result (the chief's final checkpoint's),
+        then this worker's report to the ps tasks."""
+        if self.is_chief:
+            tell_final_step(self._task, self.master, self._session, result["global_step"])
+        else:
+            result = {**result, "global_step": self._final_step(result["global_step"])}
         report_finished(self._task, self.master, self._session, self._write)
         return {**result, "job": self._task.job_name, "task": self._task.task_index}
+
+    def _final_step(self, seen: int) -> int:
+        wait = self._job.cluster.shutdown_grace_secs
+        step = final_step(self.master, self._session, wait)
+        if step is None:
+            self._write(f"the chief's final step did not come within {wait:g} s "
+                        "(cluster.shutdown_grace_secs); the result's global_step is the last "
+                        f"this worker saw, {seen}")
+            return seen
+        return step
 
     def diverged(self) -> None:
         """This worker's session ended on a non-finite step, its own or another's: make

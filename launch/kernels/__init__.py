@@ -1,0 +1,81 @@
+"""A model's kernels timed alone: the one place towers times convolutions and matrix
+products in float32 against a 16-bit type.
+
+  found    the kernels a step runs (Kernel: op type, shapes, attributes; forward or
+           gradient), read from the built graph
+  timing   KernelTimer: each kernel built alone in each number type, timed in
+           interleaved blocks; speedup(): the kernels' combined 16-bit speed-up, the
+           ceiling of a 16-bit step
+  probe    the start-up probe of a 16-bit job on CPU towers, cached per machine and
+           TensorFlow version; the warning when its kernels run slower than float32
+
+`towers bench` shows each 16-bit row's ceiling with KernelTimer (timed between its
+rounds, like the peak matmul); training's start-up line comes from startup_note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from launch.kernels.found import FORWARD, GRADIENT, Kernel, kernels_of
+from launch.kernels.probe import PROBE_SECONDS, Probe, cache_file, precision_note, probe
+from launch.kernels.timing import KernelTimer, Timings, float32_seconds, speedup
+
+__all__ = [
+    "FORWARD",
+    "GRADIENT",
+    "PROBE_SECONDS",
+    "Kernel",
+    "KernelTimer",
+    "Probe",
+    "Timings",
+    "cache_file",
+    "float32_seconds",
+    "kernels_of",
+    "ops_run_by",
+    "precision_note",
+    "probe",
+    "speedup",
+    "startup_note",
+]
+
+_NUMBER_TYPES = {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}
+
+
+def ops_run_by(target) -> list:
+    """Every op a run of `target` (a tf.Operation) needs: its data and control inputs,
+    transitively, itself included."""
+    seen = {target.name: target}
+    todo = [target]
+    while todo:
+        current = todo.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent.name not in seen:
+                seen[parent.name] = parent
+                todo.append(parent)
+    return list(seen.values())
+
+
+def startup_note(train_op, precision: str, devices: Sequence[str], tower_batch: int,
+                 cache_dir: str | None = None) -> str | None:
+    """The start-up warning of a job training `train_op` in `precision` on `devices`
+    (tower_batch: examples per tower, for a graph built for any batch size): None for
+    float32, for towers on no CPU device (a GPU's 16-bit units are what it is for), and
+    when the probe finds the model's kernels faster in 16 bits."""
+    import tensorflow as tf
+
+    number_type = _NUMBER_TYPES.get(precision)
+    on_cpu = any((tf.DeviceSpec.from_string(d).device_type or "").upper() == "CPU"
+                 for d in devices)
+    if number_type is None or not on_cpu:
+        return None
+    counts = kernels_of(ops_run_by(train_op), tower_batch)
+    if not counts:
+        return None
+    note = precision_note(precision, probe(counts, number_type, cache_dir=cache_dir))
+    from launch.devices import NATIVE_FLAGS, native_flags  # imports TensorFlow
+
+    if note and not native_flags(number_type):
+        note += (f"; this CPU has none of {', '.join(NATIVE_FLAGS[number_type])}, so "
+                 f"TensorFlow emulates {number_type}")
+    return note

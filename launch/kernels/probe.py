@@ -1,0 +1,169 @@
+"""The start-up probe: does this machine run the model's kernels faster in 16 bits?
+
+Whether a 16-bit type pays off is a fact about this CPU, this TensorFlow and these
+shapes, and CPU flags do not tell it: on a Xeon with avx512_fp16 a float16
+convolution ran forward at 0.69x float32 and its gradient at 0.005x. So before a
+16-bit job on CPU towers trains, its kernels (launch.kernels.found) are timed alone
+in the job's type and in float32, a few runs each, within PROBE_SECONDS, and a job
+whose kernels run slower in 16 bits is told so, with the measured ratios.
+
+Timings are cached per machine (its CPU model and flags) and TensorFlow version, one
+JSON file of {kernel: {number type: seconds}} under the cache directory, so a kernel
+is timed once per machine. The processes of one job start together: they take the
+file's lock in turn, and each times only what the ones before it have not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from typing import NamedTuple
+
+from launch.kernels.found import FORWARD, GRADIENT, Kernel
+from launch.kernels.timing import KernelTimer, Timings, speedup
+
+PROBE_SECONDS = 10.0  # the probe's time limit; the heaviest kernels are timed first
+PROBE_BLOCKS = 3  # timed runs of each kernel in each type (after one untimed)
+CACHE_ENV = "TOWERS_CACHE_DIR"  # where the cache lives, if not ~/.cache/towers
+SLOWER = 1.0  # a 16-bit type whose kernels combine below this is slower: warn
+
+
+class Probe(NamedTuple):
+    """What the probe measured for one 16-bit number type against float32, each
+    figure the kernels' combined speed-up (launch.kernels.timing.speedup; below 1:
+    slower than float32), None where nothing was timed.
+
+    overall: every kernel; forward and gradient: those of each part of the step.
+    timed: how many of the model's distinct kernels were timed (the rest did not fit
+    in the time limit); cache: the file holding the timings, or None."""
+
+    number_type: str
+    overall: float | None
+    forward: float | None
+    gradient: float | None
+    timed: int
+    kernels: int
+    cache: str | None
+
+
+def probe(counts: Mapping[Kernel, int], number_type: str,
+          seconds: float = PROBE_SECONDS, cache_dir: str | None = None) -> Probe:
+    """Times the kernels of `counts` (kernel -> runs per step) not in the cache, in
+    `number_type` and float32, and returns what all their timings say."""
+    path = cache_file(cache_dir)
+    wanted = ("float32", number_type)
+    with _locked(path):
+        timings = _read(path)
+        missing = [k for k in _heaviest_first(counts)
+                   if not all(t in timings.get(k.key, {}) for t in wanted)]
+        if missing:
+            for key, measured in _time(missing, wanted, seconds).items():
+                timings.setdefault(key, {}).update(measured)
+            path = _write(path, timings)
+    return Probe(number_type, speedup(counts, timings, number_type),
+                 speedup(counts, timings, number_type, FORWARD),
+                 speedup(counts, timings, number_type, GRADIENT),
+                 sum(all(t in timings.get(k.key, {}) for t in wanted) for k in counts),
+                 len(counts), path)
+
+
+def _heaviest_first(counts: Mapping[Kernel, int]) -> list[Kernel]:
+    """The kernels by the work a step gives them (runs x FLOPs), most first."""
+    return sorted(counts, key=lambda kernel: counts[kernel] * kernel.flops, reverse=True)
+
+
+def _time(kernels: list[Kernel], number_types: tuple[str, ...], seconds: float) -> Timings:
+    """Up to PROBE_BLOCKS timed runs of each kernel in each type, within `seconds`."""
+    deadline = time.monotonic() + seconds
+    timer = KernelTimer(kernels, number_types)
+    try:
+        if timer.warm_up(deadline):
+            for _ in range(PROBE_BLOCKS):
+                if not timer.time_block(deadline):
+                    break
+        return timer.timings()
+    finally:
+        timer.close()
+
+
+def cache_file(cache_dir: str | None = None) -> str:
+    """This machine's and TensorFlow's timing file: under `cache_dir`, else
+    $TOWERS_CACHE_DIR, else $XDG_CACHE_HOME/towers (~/.cache/towers)."""
+    import tensorflow as tf
+
+    base = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "towers")
+    machine = hashlib.sha256(_cpu_identity().encode()).hexdigest()[:16]
+    return os.path.join(base, f"kernels-tf{tf.__version__}-{machine}.json")
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and flags (what decides which kernels it runs fast)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = [line for line in info if line.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """The cache's lock held (a file beside it); unlocked if it cannot be made (a
+    read-only home): the probe still runs, uncached."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = open(path + ".lock", "a")
+    except OSError:
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _read(path: str) -> Timings:
+    try:
+        with open(path) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, timings: Timings) -> str | None:
+    """Writes the timings whole (a reader never sees half a file); the path, or None
+    if it could not be written."""
+    try:
+        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(handle, "w") as f:
+            json.dump(timings, f, indent=1, sort_keys=True)
+        os.replace(temporary, path)
+        return path
+    except OSError:
+        return None
+
+
+
+def precision_note(precision: str, found: Probe) -> str | None:
+    """The start-up line for a job computing in `precision` (towers.precision) whose
+    kernels measured `found`: None unless they run slower than in float32."""
+    if found.overall is None or found.overall >= SLOWER:
+        return None
+    parts = ", ".join(f"{name} {value:.2g}x" for name, value in
+                      (("forward", found.forward), ("gradients", found.gradient))
+                      if value is not None)
+    partial = (f", {found.timed} of its {found.kernels} kernels timed"
+               if found.timed < found.kernels else "")
+    return (f"{precision}: on this machine the model's convolutions and matrix products "
+            f"ran at {found.overall:.2g}x their float32 speed ({parts}; timed alone at "
+            f"start-up{partial}), so steps will likely be slower than in float32; "
+            f"`towers bench --quick --towers 1 --precision float32,{precision}` (with this "
+            f"job's -c) compares whole steps")

@@ -1,0 +1,122 @@
+"""The line of advice at the end of a run: the bottleneck the step phases show, and the
+settings that address it, never one already in use.
+
+A synchronous step's exchange holds the wait for its slowest process, so a run whose
+chief named a straggler is pointed at that process before the exchange's settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launch.config import AUTO, JobConfig
+
+# A waiting phase at least this share of the step is the bottleneck, ahead of compute.
+WAIT_BOUND = 0.25
+
+
+def bottleneck(shares: Mapping[str, float]) -> str:
+    """The largest waiting phase (input, exchange, apply) at WAIT_BOUND of the step or
+    more, else compute: the towers' own work is the floor, waiting is what can go."""
+    waits = [p for p in ("input", "exchange", "apply") if shares[p] >= WAIT_BOUND]
+    return max(waits, key=lambda p: shares[p]) if waits else "compute"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the advice must know of the job beyond its file: whether its processes
+    keep the variables on ps tasks, and whether there are several."""
+
+    ps_tasks: bool = False
+    processes: int = 1
+
+
+def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
+           stragglers: Sequence[str] = ()) -> str:
+    """One line: the bottleneck the shares show, and what to try for it.
+
+    stragglers: the processes the chief named stragglers during the run.
+    """
+    phase = bottleneck(shares)
+    share = f"{round(100 * shares[phase])}% of the step"
+    if phase == "exchange" and stragglers:
+        return (f"exchange-bound ({share} moves gradients and variables, and in a "
+                f"synchronous step waits for the slowest process), but {', '.join(stragglers)} "
+                "was named a straggler above: speed it up first (its line says whether it "
+                "waits on input or on compute)")
+    what = {
+        "input": f"input-bound ({share} waits for the next batch)",
+        "exchange": f"exchange-bound ({share} moves gradients and variables)",
+        "apply": f"apply-bound ({share} applies the update)",
+        "compute": f"compute-bound ({share} is the towers' forward and backward)",
+    }[phase]
+    tries = {"input": _input, "exchange": _exchange, "apply": _apply,
+             "compute": _compute}[phase](job, setup)
+    if not tries:
+        return f"{what}: {_NOTHING_LEFT[phase]}"
+    return f"{what}: try {_either(tries)}"
+
+
+_NOTHING_LEFT = {
+    "input": "the pipeline's settings are on auto and the data needs no decoding: the host's "
+             "CPUs (or its storage) are the limit",
+    "exchange": "the settings that shrink it are in use: fewer towers or processes, or a "
+                "faster network, are what is left",
+    "apply": "the variables are spread and the optimizer is the cheapest: fewer or smaller "
+             "variables are what is left",
+    "compute": "16-bit compute and XLA are in use already: the towers' own work is the floor; "
+               "more or faster devices, or a smaller model, make it shorter",
+}
+
+
+def _either(tries: list[str]) -> str:
+    return tries[0] if len(tries) == 1 else ", ".join(tries[:-1]) + " or " + tries[-1]
+
+
+def _input(job: JobConfig, setup: Setup) -> list[str]:
+    data = job.data
+    tries = [f"raising data.{key} (now {value}) or setting it to auto"
+             for key, value in (("num_parallel_calls", data.num_parallel_calls),
+                                ("prefetch", data.prefetch)) if value != AUTO]
+    if data.threads != AUTO:
+        tries.append(f"raising data.threads (now {data.threads})")
+    if data.source == "tfrecord" and data.schema is not None and data.schema.kind == "image":
+        tries.append("images decoded once, ahead of training: uint8 TFRecords "
+                     "(towers data convert)")
+    return tries
+
+
+def _exchange(job: JobConfig, setup: Setup) -> list[str]:
+    tries = []
+    if job.towers.gradient_dtype == "float32":
+        tries.append("towers.gradient_dtype: bfloat16 (half the bytes)")
+    if setup.processes == 1:
+        other = {"parameter_server": "replicated", "replicated": "parameter_server"}
+        tries.append(f"towers.variable_update: {other[job.towers.variable_update]}")
+    if setup.ps_tasks:
+        tries.append("more ps tasks")
+    return [*tries, "fewer towers or workers"]
+
+
+def _apply(job: JobConfig, setup: Setup) -> list[str]:
+    tries = []
+    if job.towers.param_device != "least_loaded" and not setup.ps_tasks:
+        tries.append("towers.param_device: least_loaded (the variables spread over the "
+                     "devices)")
+    if setup.ps_tasks:
+        tries.append("more ps tasks")
+    cheaper = {"momentum": "sgd", "adam": "momentum or sgd", "rmsprop": "momentum or sgd"}
+    if job.optimizer.name in cheaper:
+        tries.append(f"an optimizer cheaper than {job.optimizer.name} "
+                     f"({cheaper[job.optimizer.name]})")
+    return tries
+
+
+def _compute(job: JobConfig, setup: Setup) -> list[str]:
+    tries = []
+    if job.towers.precision == "float32":
+        tries.append("towers.precision: mixed_bfloat16 (GPUs, CPUs with avx512_bf16 or AMX)")
+    if not job.towers.xla:
+        tries.append("towers.xla: true")
+    return tries
