@@ -48,6 +48,8 @@ def tower_seeds(index: int, positions: tf.Tensor | None = None) -> Iterator[None
 
     def draw_seed(seed):
         drawn = before(seed)  # [2] int32 or int64: the generator's seed and step
+        if positions is not None and isinstance(seed, int):
+            return drawn  # an initializer's fixed seed: weights do not depend on the data
         if positions is not None:
             first = tf.cast(positions[0] % _POSITION_RANGE, tf.int64)
             return tf.cast(tf.stack([tf.cast(drawn[0], tf.int64), first]), drawn.dtype)
