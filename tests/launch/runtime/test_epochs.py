@@ -1,14 +1,20 @@
 """data.epochs: the step at which the data's passes end, and a training input started
 anywhere that gives exactly the batches up to it."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from launch.config import from_dict
 from launch.data.position import DataProgress
+from launch.runtime.hooks import LastStep
 from launch.runtime.inputs import training_input
 from launch.runtime.plan import make_plan
+from launch.runtime.progress import ProgressHook
+
+V1 = tf.compat.v1
 
 
 def job_of(examples: int, batch: int, epochs: int | None = None):
@@ -56,3 +62,21 @@ def test_an_input_started_anywhere_gives_the_batches_it_is_asked_for(graph):
 
 def test_without_an_end_the_training_input_goes_on(graph):
     assert len(batches_from(job_of(100, 32), start=0, batches=None, limit=20)) == 20
+
+
+def test_the_progress_line_counts_to_and_times_the_end_of_the_data(graph):
+    """train.steps 1000, the data's passes end at step 10: the line counts to 10, and
+    its ETA is the 5 steps left at the pace so far (0.2 s a step), not 995."""
+    step = V1.train.get_or_create_global_step()
+    slow = tf.py_function(lambda: time.sleep(0.2) or 1.0, [], tf.float32)
+    with tf.control_dependencies([slow]):
+        train_op = V1.assign_add(step, 1)
+    lines = []
+    last = LastStep(1000, data_end=10)
+    progress = ProgressHook({"loss": slow}, step, 16, last, 5, None, lines.append)
+    with V1.train.MonitoredSession(hooks=[progress]) as sess:
+        for _ in range(5):
+            sess.run(train_op)
+    line, = [line for line in lines if line.startswith("step 5/10 ")]
+    minutes, seconds = line.split(" eta=")[1].split()[0].split(":")
+    assert int(minutes) == 0 and int(seconds) < 10, line  # about 1 s; 995 steps: 3:19
