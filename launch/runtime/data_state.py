@@ -135,6 +135,7 @@ class DataPositionHook(V1.train.SessionRunHook):
         self._rebases, self._announce, self._wait_secs = rebases, announce, wait_secs
         self._resumed_from, self._write = resumed_from, write
         self.progress: DataProgress | None = None
+        self.batches: int | None = None  # this session's input's, None: no end
 
     def after_create_session(self, session, coord) -> None:
         step = int(session.run(self._global_step))
@@ -142,7 +143,7 @@ class DataPositionHook(V1.train.SessionRunHook):
         self.progress = progress = stored.progress
         end = progress.end_step(self._epochs)
         self._last.data_end = end
-        batches = None if end is None else max(end - step, 0)
+        self.batches = batches = None if end is None else max(end - step, 0)
         self._data.begin(session, progress.position(step), batches)
         if self._resumed_from is not None:
             self._write(f"resuming from {self._resumed_from} at step {step}: "

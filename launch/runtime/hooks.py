@@ -73,25 +73,38 @@ class StopAtStepHook(V1.train.StopAtStepHook):
 
 
 class DataEndHook(V1.train.SessionRunHook):
-    """Whether the session ended because the input ran out (data.epochs).
+    """Whether the session ended because this process's input ran out (data.epochs).
 
     MonitoredSession ends quietly on the OutOfRangeError of a step whose input has run
     out: that step never reaches after_run, and end() is called while it is in flight.
+    Another queue closed under a step ends it the same way (a synchronous worker's token
+    queue, which the chief closes as it stops), so the input counts as run out only
+    when the steps done have taken every batch it was started with.
+
+    batches: the batches this session's input was started with (None: no end), known
+    once the session has started.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, batches: Callable[[], int | None] = lambda: None) -> None:
+        self._batches = batches
         self.in_step = False
+        self.steps = 0
+
+    def after_create_session(self, session, coord) -> None:
+        self.steps = 0
 
     def before_run(self, run_context):
         self.in_step = True
 
     def after_run(self, run_context, run_values) -> None:
         self.in_step = False
+        self.steps += 1
 
     @property
     def ran_out(self) -> bool:
-        """Asked once the session has ended: it ended mid-step, on the end of the data."""
-        return self.in_step
+        """Asked once the session has ended: it ended mid-step, on the end of its data."""
+        batches = self._batches()
+        return self.in_step and (batches is None or self.steps >= batches)
 
 
 class StopOnSignalHook(V1.train.SessionRunHook):

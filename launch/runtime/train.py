@@ -203,7 +203,8 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         job_examples_per_step=plan.job_examples_per_step,
         process=role.label or None,
     )
-    stop_at, data_end = StopAtStepHook(last, write, job.data.epochs), DataEndHook()
+    stop_at = StopAtStepHook(last, write, job.data.epochs)
+    data_end = DataEndHook(lambda: data_position.batches)
     hooks = [
         *role.start_hooks(ops),
         data_position,  # before any hook asks where the job stops
