@@ -238,7 +238,7 @@ def sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life: Life, saved: i
     resumed = time.monotonic() - restarted
     assert saved_steps(chief.stderr)[0] == saved - 20  # passed over; 2 -> 3 workers
     assert f"model.ckpt-{saved} cannot be restored" in chief.stderr
-    assert "21 of every 64 examples, data shard 2" in job.tasks["worker2"].stderr
+    assert "21 examples of every global batch of 64 (part 3 of 3)" in job.tasks["worker2"].stderr
 
     before, stalled = last_logged(chief.stderr), last_logged(worker1.stderr)
     restored = cut_for(life.host("worker1"), 4)
