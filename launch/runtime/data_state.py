@@ -143,8 +143,12 @@ class DataPositionHook(V1.train.SessionRunHook):
         self.progress = progress = stored.progress
         end = progress.end_step(self._epochs)
         self._last.data_end = end
-        self.batches = batches = None if end is None else max(end - step, 0)
-        self._data.begin(session, progress.position(step), batches)
+        start = progress.position(step)
+        # Whole global batches to the end (end - step, but where a global step takes a
+        # worker's part of one: asynchronous ps/worker).
+        self.batches = batches = None if end is None else \
+            max(self._epochs * progress.num_examples - start, 0) // self._data.part.global_batch
+        self._data.begin(session, start, batches)
         if self._resumed_from is not None:
             self._write(f"resuming from {self._resumed_from} at step {step}: "
                         f"{progress.where(step, self._epochs)}")

@@ -64,7 +64,7 @@ def build_training_graph(
     step_device = mode.step_device(plan.devices)
     with V1.device(step_device):
         global_step = V1.train.get_or_create_global_step()
-    state = DataState(feed, job.train.batch_size, job.data.seed, step_device)
+    state = DataState(feed, data_per_step(job, plan), job.data.seed, step_device)
     rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
     optimizer = make_optimizer(job.optimizer, rate)
     if wrap_optimizer is not None:
@@ -89,6 +89,16 @@ def build_training_graph(
                                feed.initializer),
     )
     return TrainingGraph(ops, scaffold, rate, feed, state)
+
+
+def data_per_step(job: JobConfig, plan: Plan) -> int:
+    """The positions one advance of the global step moves the data on by: a global batch
+    (train.batch_size) where a step takes every process's part of one (one process,
+    collective, Horovod, synchronous ps/worker: a backup's dropped part is not trained
+    again); in an asynchronous ps/worker job, where each worker's step moves the global
+    step, one worker's part of it."""
+    asynchronous = callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
+    return plan.process_batch_size if asynchronous else job.train.batch_size
 
 
 def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
