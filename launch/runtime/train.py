@@ -198,7 +198,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         cfg.log_every_steps,
         cfg.checkpoint_dir if role.writes else None,
         write,
-        on_step=served.on_step,  # hands its fetched values to the metrics
+        on_step=_on_step(served.on_step, metrics.data_gauges(exporter), data_position),
         phases=phases.window_text,
         job_examples_per_step=plan.job_examples_per_step,
         process=role.label or None,
@@ -239,6 +239,19 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
                  loss_scale)
+
+
+def _on_step(served, data_figures, data_position: DataPositionHook):
+    """ProgressHook's callback: each step's fetched values to the metrics, and where the
+    data stands to its gauges; None when not serving."""
+    if served is None:
+        return None
+
+    def on_step(step: int, values) -> None:
+        served(step, values)
+        data_figures(data_position.epoch(step), data_position.examples_trained(step))
+
+    return on_step
 
 
 def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: _Loop,
