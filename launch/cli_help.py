@@ -12,7 +12,7 @@ EPILOG_TRAIN = """examples:
 
 model.name is a built-in model, a name an installed package registers, or
 module:attribute of your own code (found on sys.path, in model.path or beside
-the job file; see the README, "Train your own model").
+the job file; see docs/model.md, "Train your own model").
 
 Progress goes to stderr; the last line on stdout is one JSON object with
 global_step, loss, the model's metrics, job_examples_per_sec and

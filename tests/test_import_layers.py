@@ -1,6 +1,6 @@
 """The package layout holds: every module imports, no cycles, no layer reaches above itself.
 
-Layers of launch/, lowest first (README, Architecture). A module may import its
+Layers of launch/, lowest first (docs/contributing.md, Architecture). A module may import its
 own layer's modules and lower layers', never a higher layer's: that keeps, say,
 the config loader free of anything that builds graphs or starts servers.
 """
@@ -87,7 +87,8 @@ def layer_of(module: str) -> tuple[int, int]:
     for index, prefixes in enumerate(LAUNCH_LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return PACKAGE_LAYERS[package], index
-    raise AssertionError(f"{module} is in no layer: add it to LAUNCH_LAYERS and the README")
+    raise AssertionError(
+        f"{module} is in no layer: add it to LAUNCH_LAYERS and docs/contributing.md")
 
 
 @pytest.mark.parametrize("module", [m for m in module_names() if m != "launch.__main__"])

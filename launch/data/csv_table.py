@@ -1,7 +1,7 @@
 """CSV sources: every row of every file read and checked before training, then held in
 memory.
 
-The rules (README, "Your data"):
+The rules (docs/data.md, "Your data"):
 
 * line 1 is a header naming the columns; every file of a source has the same header.
 * the label column (``data.label_column``) holds class ids: whole numbers (``2`` or

@@ -24,6 +24,7 @@ import time
 import pytest
 import yaml
 from helpers.commands import FAST, ROOT, environment, last_json, run_towers, towers_command
+from helpers.doc_pages import pages
 
 from launch import modelref
 from launch.cli import build_parser
@@ -423,9 +424,8 @@ def test_the_tfjob_tf_config_runs_a_real_cluster_to_the_end(tmp_path):
     assert last_json(outputs["ps0"][0])["workers_reported"] == 2
 
 
-def test_the_readme_commands_name_these_files_and_images():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+def test_the_documented_commands_name_these_files_and_images():
+    readme = "\n".join(pages().values())  # the README and docs/
     for path in set(re.findall(r"-f (docker/\S+)", readme)):
         assert os.path.isfile(os.path.join(ROOT, path)), path
     built = dict(re.findall(r"docker build -f (docker/Dockerfile\S*) -t (towers:\w+) \.", readme))
@@ -434,4 +434,4 @@ def test_the_readme_commands_name_these_files_and_images():
     assert all(s["build"]["dockerfile"] == "docker/Dockerfile" for s in towers_services().values())
     images = {spec["template"]["spec"]["containers"][0]["image"]
               for spec in replica_specs().values()}
-    assert images == {"towers:gpu"}  # what the README's sed replaces with a registry's
+    assert images == {"towers:gpu"}  # what docs/kubernetes.md's sed replaces with a registry's

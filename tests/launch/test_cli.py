@@ -196,8 +196,8 @@ def test_help_has_examples(command):
 
 
 def test_every_example_job_validates(tmp_path):
-    # validate reads the data as train would: the digits examples' first, made as their
-    # README says (examples/custom_model/digits.py writes runs/digits/).
+    # validate reads the data as train would: the digits examples' first, made as
+    # docs/model.md says (examples/custom_model/digits.py writes runs/digits/).
     digits = np.load(os.path.join(ROOT, "tests", "data", "digits.npz"))
     runpy.run_path(os.path.join(ROOT, "examples", "custom_model", "digits.py"))["write"](
         digits["images"], digits["target"], str(tmp_path / "runs" / "digits"))

@@ -20,8 +20,8 @@ Per-tower batch statistics are what batch norm means without synchronization, so
 one-device reference normalizes the same groups of examples separately (the towers'
 shards, or with synchronized statistics and micro-batches, the micro-batches): the
 documented meaning, compared like the rest. What cannot equal one device by design
-is refused with one line (REFUSED), or is listed with why in the README's "As a
-library" section (dropout's masks, drawn per tower).
+is refused with one line (REFUSED), or is listed with why in docs/library.md ("As a
+library") (dropout's masks, drawn per tower).
 """
 
 import itertools

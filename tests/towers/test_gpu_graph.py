@@ -1,6 +1,6 @@
 """The GPU graph, checked without a GPU: built with `/gpu:i` devices, never run.
 
-What the README promises for GPU hosts, asserted on the graph every update mode,
+What the documentation promises for GPU hosts, asserted on the graph every update mode,
 precision and accumulation setting builds: each tower's compute on its GPU, the
 variables and their updates where the mode keeps them, NCCL between GPUs in
 replicated mode, the casts at the tower edges, and 16-bit heavy ops where 16 bits

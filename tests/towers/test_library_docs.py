@@ -1,11 +1,11 @@
-"""What the README's "As a library" section tells a library user holds: its recipes run,
-and the equivalence it promises is qualified where it is made."""
+"""What docs/library.md ("As a library") tells a library user holds: its recipes run,
+and the equivalence the README promises is qualified where it is made."""
 
 import os
-import re
 
 import tensorflow as tf
 from conftest import cpu_session_config
+from helpers.doc_pages import snippet
 
 import towers
 
@@ -15,12 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def readme() -> str:
     with open(os.path.join(ROOT, "README.md")) as f:
         return f.read()
-
-
-def snippet(containing: str) -> str:
-    found = [s for s in re.findall(r"```python\n(.*?)```", readme(), re.S) if containing in s]
-    assert len(found) == 1, f"{len(found)} snippets hold {containing!r}"
-    return found[0]
 
 
 def test_the_monitored_training_session_recipe_trains_and_resumes_from_its_checkpoint(

@@ -188,9 +188,13 @@ MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
 TRAINING = re.compile(r"towers: step \d+/")
 
 
-def losses(stderr: str, task: str) -> list[float]:
-    return [float(m) for m in re.findall(rf"\[{task}\] towers: step \d+/\d+ loss=([\d.]+)",
-                                         stderr)]
+def losses(stderr: str, *tasks: str) -> list[float]:
+    """The losses the tasks logged, in the order of the global step each line names."""
+    found = []
+    for task in tasks:
+        found += [(int(step), float(loss)) for step, loss in re.findall(
+            rf"\[{task}\] towers: step (\d+)/\d+ loss=([\d.]+)", stderr)]
+    return [loss for _, loss in sorted(found)]
 
 
 @pytest.mark.e2e
@@ -219,8 +223,10 @@ def test_one_ps_two_workers_and_an_evaluator_train_to_the_end_and_exit(tmp_path)
     assert tf.train.latest_checkpoint(str(ckpt)) == latest
     assert summary["global_step"] >= 60
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(ckpt)), "global_step")) >= 60
-    chief = losses(result.stderr, "worker0")
-    assert len(chief) >= 2 and chief[-1] < chief[0], chief
+    # Asynchronous workers share the steps unevenly (under load one may log only once):
+    # the job's loss is read from both workers' lines, by global step.
+    logged = losses(result.stderr, "worker0", "worker1")
+    assert len(logged) >= 2 and logged[-1] < logged[0], logged
 
 
 def start(args, env=None):

@@ -13,7 +13,7 @@ by SIGTERM to every task at once; an asynchronous run that loses a worker and th
 its ps; a run in which a worker diverges at its first step; a run that ends when its
 data does; then, without ps tasks (collective all-reduce), a run that loses a worker
 for good. An evaluator on a host of its own follows the whole life. The test prints
-what it measured (steps lost, time to recover): the README's fault table comes from
+what it measured (steps lost, time to recover): docs/faults.md's fault list comes from
 these lines. Every process is stopped by pid and every host removed when the test
 ends; every wait is on an event, with a ceiling far above what it needs.
 """

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from helpers.commands import ROOT, environment, last_json, ok, run_towers
-from test_readme import snippet as readme_snippet
+from helpers.doc_pages import snippet as docs_snippet
 
 # One fixture runs everything; on a machine other test runs share it can take longer
 # than the default per-test bound.
@@ -72,7 +72,7 @@ for kind in ("tf1", "keras"):
     found[kind] = {"ops": sorted({op.type for op in serve.graph.get_operations()}),
                    "variables": sorted(v.name for v in model.variables)}
 sys.path.insert(0, keras_code)  # the Keras weights file, into the user's own model,
-names = {}  # as the README's snippet says to load it
+names = {}  # as docs/model.md's snippet says to load it
 exec(readme_snippet.replace("runs/served/1", f"{work}/keras-export"), names)
 net = names["net"]
 np.save(f"{work}/keras-weights.npy", np.asarray(net(features)))
@@ -200,7 +200,7 @@ def runs(tmp_path_factory):
         futures = {name: pool.submit(job[0], *job[1:]) for name, job in jobs.items()}
         found = {name: future.result() for name, future in futures.items()}
     found["serve"] = python("-c", SERVE_BOTH, f"{data}/eval.npz", EXAMPLES, base,
-                            readme_snippet("net.load_weights"))
+                            docs_snippet("net.load_weights"))
     found["base"] = base
     return found
 
