@@ -24,6 +24,21 @@ def diverging_model(*sizes: str) -> list[str]:
             "--set", f"model.path={os.path.dirname(__file__)}", *sizes]
 
 
+def rows_with_dropout(path, rows=4000) -> list[str]:
+    """Settings that make the small job train on ``rows`` npz rows in a seeded order,
+    with dropout: what a resume must continue exactly (the data position, the masks)."""
+    rng = np.random.default_rng(1)
+    np.savez(path, features=rng.normal(size=(rows, 8)).astype(np.float32),
+             labels=rng.integers(0, 2, size=rows))
+    return ["--set", "data.source=npz", "--set", f"data.path={path}",
+            "--set", "model.dropout=0.3"]
+
+
+def overrides(args: list[str]) -> list[str]:
+    """The ``a.b=c`` strings of a command line's ``--set`` options."""
+    return [value for flag, value in zip(args, args[1:], strict=False) if flag == "--set"]
+
+
 def poisoned_csv(path, bad_steps, rows=800):
     """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds
     a marked example, and the model that diverges there (SMALL's sizes)."""

@@ -32,6 +32,8 @@ from helpers.diverging_model import MARK
 from helpers.faults import diverging_model
 from helpers.net_hosts import HostJob
 
+from launch.data.position import DataProgress
+
 pytestmark = pytest.mark.e2e
 
 PEER_LOST, DIVERGED = 138, 3
@@ -244,7 +246,7 @@ def sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life: Life, saved: i
     resumed = time.monotonic() - restarted
     assert saved_steps(chief.stderr)[0] == saved - 20  # passed over; 2 -> 3 workers
     assert f"model.ckpt-{saved} cannot be restored" in chief.stderr
-    assert "21 of every 64 examples, data shard 2" in job.tasks["worker2"].stderr
+    assert "21 examples of every global batch of 64 (part 3 of 3)" in job.tasks["worker2"].stderr
 
     before, stalled = last_logged(chief.stderr), last_logged(worker1.stderr)
     restored = cut_for(life.host("worker1"), 4)
@@ -343,19 +345,31 @@ def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: in
     return good
 
 
+def passes_done(ckpt, step: int) -> int:
+    """The passes over its data the checkpoint's job had begun by ``step``."""
+    reader = tf.train.load_checkpoint(str(ckpt))
+    base = {f: int(reader.get_tensor(f"towers_data/{f}"))
+            for f in ("base_step", "base_position", "batch_size", "num_examples")}
+    return -(-DataProgress(**base).position(step) // base["num_examples"])
+
+
 def run_that_ends_with_its_data(life: Life, good: int) -> int:
-    """Two synchronous workers, one pass over data whose shards are uneven: worker 1
-    has 15 batches, the chief 16. The job ends when worker 1's data does. Returns its
-    last step."""
+    """Two synchronous workers resumed on other data (1,023 rows): the pass under way
+    counts as done, and the next, in whole global batches of 64, ends the job at step
+    good + 15 for both workers, exit 0. Returns its last step."""
     drained = npz_data(life.tmp_path / "finite.npz", 1023)
-    job = life.run("drain", ["--set", "train.sync=true", *drained, "--set", "data.epochs=1",
+    epochs = passes_done(life.ckpt, good) + 1
+    job = life.run("drain", ["--set", "train.sync=true", *drained,
+                             "--set", f"data.epochs={epochs}",
                              "--set", f"train.steps={good + 100}"], workers=2)
     assert set(job.codes(timeout=240).values()) == {0}, failures(job.tasks)
     assert saved_steps(job.tasks["worker0"].stderr)[0] == good  # 3 -> 2: restored
-    assert "worker rank 1 ran out of data" in job.tasks["worker1"].stderr
+    assert f"counts as done, and training goes on at the start of epoch {epochs}" in \
+        job.tasks["worker0"].stderr
+    for task in ("worker0", "worker1"):
+        assert f"pass(es) over the data done at step {good + 15}" in job.tasks[task].stderr
     assert latest_step(life.ckpt) == good + 15
-    life.report.append(f"one pass over uneven shards: the job ended at step {good + 15}, "
-                       "when worker 1's data did")
+    life.report.append(f"a pass over other data: both workers ended at step {good + 15}")
     return good + 15
 
 
