@@ -4,10 +4,12 @@
 #
 # Tests run in parallel, a file per worker process (pytest-xdist; files that share
 # a module fixture or a set of test hosts stay on one worker), and the 20 slowest
-# are listed at the end, so what costs time stays visible.
-PYTEST_PARALLEL = -n auto --dist loadfile
+# are listed at the end, so what costs time stays visible. Files are handed out
+# longest first, by the seconds tests/file_seconds.json records for each (see
+# tests/conftest.py); `make test-durations` refreshes them after tests change.
+PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
 
-.PHONY: test test-fast horovod
+.PHONY: test test-fast test-durations horovod
 
 # horovod 0.28.1 must be built against this TensorFlow; the script caches the
 # wheel (~/.cache/towers/wheels), so only the first build takes minutes.
@@ -37,3 +39,6 @@ test:
 test-fast:
 	ruff check .
 	python -m pytest -m "not e2e" $(PYTEST_PARALLEL) --durations=10
+
+test-durations:
+	python -m pytest $(PYTEST_PARALLEL) -q --write-file-seconds

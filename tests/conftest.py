@@ -1,5 +1,6 @@
 """Shared test set-up: graph mode, sessions with N CPU devices, the e2e tier kept honest."""
 
+import json
 import os
 import subprocess
 
@@ -76,3 +77,55 @@ def network():
         yield made
     finally:
         made.close()
+
+
+# The order files are handed to the test workers. pytest-xdist's loadfile gives each
+# worker the next file when it is free, but by default it sorts files by their number
+# of tests, which puts the single-test end-to-end files (the longest, a minute or
+# more each) last, where one of them can keep a worker busy while the others idle.
+# Handing out the longest files first (longest-processing-time order) lets the many
+# short files fill the gaps. xdist has no such order of its own, so the seconds each
+# file took are recorded in FILE_SECONDS (refresh: `make test-durations`); a file not
+# listed there goes after the listed ones. The Makefile passes --no-loadscope-reorder
+# so xdist keeps this order.
+FILE_SECONDS = os.path.join(os.path.dirname(__file__), "file_seconds.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-file-seconds", action="store_true",
+                     help=f"record each test file's seconds in {FILE_SECONDS}")
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        with open(FILE_SECONDS) as f:
+            seconds = json.load(f)
+    except FileNotFoundError:
+        return
+    first_seen = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(_file_of(item.nodeid), index)
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), 0.0),
+                                 first_seen[_file_of(item.nodeid)]))
+
+
+_seconds_taken: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _seconds_taken[_file_of(report.nodeid)] = (
+        _seconds_taken.get(_file_of(report.nodeid), 0.0) + report.duration)
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("--write-file-seconds") or hasattr(session.config,
+                                                                       "workerinput"):
+        return
+    with open(FILE_SECONDS, "w") as f:
+        json.dump({name: round(s, 1) for name, s in sorted(_seconds_taken.items())}, f,
+                  indent=0)
+        f.write("\n")
