@@ -22,7 +22,8 @@ def worker_records(stderr: str) -> dict[str, tuple[dict, int]]:
     results = {m.group(1): json.loads(m.group(2))
                for m in re.finditer(r"^\[(worker\d+)\] (\{.*\})$", stderr, re.M)}
     shares = {m.group(1): int(m.group(2)) for m in re.finditer(
-        r"^\[(worker\d+)\] towers: worker rank \d+ of ranks \S+: (\d+) of every", stderr, re.M)}
+        r"^\[(worker\d+)\] towers: worker rank \d+ of ranks \S+: (\d+) examples of every",
+        stderr, re.M)}
     assert set(results) == set(shares) == {"worker0", "worker1"}, stderr[-3000:]
     return {name: (results[name], shares[name]) for name in results}
 
