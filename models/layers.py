@@ -212,12 +212,18 @@ def _normalized(x: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor, gamma: tf.Te
     return normalized(x, mean, variance, gamma, beta)
 
 
-def dropout(x: tf.Tensor, rate: float, is_training: bool) -> tf.Tensor:
+def dropout(x: tf.Tensor, rate: float, ctx: towers.TowerContext) -> tf.Tensor:
     """Zero each element with probability ``rate`` and scale the rest by 1 / (1 - rate)
-    when training; the identity otherwise. Returns a tensor of x's shape."""
-    if not is_training or rate == 0.0:
+    when training; the identity otherwise. x: [n, ...] (n the tower's examples); returns
+    a tensor of x's shape. Each example's mask is its own draw (ctx.draws: a function of
+    its position in the data), so N towers drop what one device drops; a tower without
+    positions draws from TensorFlow's stateful stream."""
+    if not ctx.is_training or rate == 0.0:
         return x
-    return tf.nn.dropout(x, rate=rate)
+    if ctx.draws is None:
+        return tf.nn.dropout(x, rate=rate)
+    keep = ctx.draws.uniform(x.shape[1:]) >= rate
+    return x * tf.cast(keep, x.dtype) / tf.cast(1.0 - rate, x.dtype)
 
 
 def embedding(

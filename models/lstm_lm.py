@@ -49,10 +49,10 @@ def build_model_fn(params: Params) -> ModelFn:
             # The reshape makes num_steps static, which the unrolled LSTM needs.
             ids = tf.reshape(features, [-1, params.num_steps])
             x = layers.embedding(ids, params.vocab_size, hidden, dtype=ctx.compute_dtype)
-            x = layers.dropout(x, params.dropout, ctx.is_training)
+            x = layers.dropout(x, params.dropout, ctx)
             for i in range(params.num_layers):
                 x = layers.lstm(x, hidden, scope=f"lstm{i}")
-                x = layers.dropout(x, params.dropout, ctx.is_training)
+                x = layers.dropout(x, params.dropout, ctx)
             logits = layers.dense(tf.reshape(x, [-1, hidden]), params.vocab_size, scope="softmax")
         # Every example has num_steps tokens, so the token mean is also the mean
         # over examples of their per-token losses, which the builder expects.

@@ -38,7 +38,7 @@ def build_model_fn(params: Params) -> ModelFn:
                 x = tf.nn.relu(
                     layers.dense(x, units, scope=f"hidden{i}", initializer=layers.he_init())
                 )
-                x = layers.dropout(x, params.dropout, ctx.is_training)
+                x = layers.dropout(x, params.dropout, ctx)
             logits = layers.dense(x, params.num_classes, scope="logits")
         return classifier_outputs(logits, labels)
 

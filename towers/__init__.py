@@ -10,6 +10,7 @@ from towers.batch_stats import BATCH_NORMS, CrossTowerSums
 from towers.batch_stats import moments as batch_moments
 from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tower_outputs
+from towers.example_random import example_seed, example_uniform
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
 from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLICIES
@@ -66,6 +67,8 @@ __all__ = [
     "broadcast_variables",
     "build_eval_ops",
     "build_train_op",
+    "example_seed",
+    "example_uniform",
     "least_loaded",
     "pack_groups",
     "packed",

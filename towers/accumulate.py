@@ -68,6 +68,8 @@ def build_step(
     scaler: LossScaler | None,
     xla: bool,
     batch_sums: Callable[[], CrossTowerSums | None] = lambda: None,
+    positions: tf.Tensor | None = None,
+    seed: int = 0,
 ) -> Step:
     """Split the global batch (features [B, ...], labels [B, ...]) into micro-batches and
     those across `devices`; build every tower and its weighted gradients.
@@ -76,11 +78,13 @@ def build_step(
     home: where the example weights are computed.
     batch_sums: makes the sums across towers of each micro-batch (synchronized batch
         norm: a micro-batch is normalized by its own statistics, as one device running
-        that micro-batch would); None for each tower's own statistics."""
+        that micro-batch would); None for each tower's own statistics.
+    positions: int64 [B], the examples' positions, which key their random draws (with
+        ``seed``: TowerContext.draws); None: the towers draw none of their own."""
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"accumulate_steps must be a positive integer, got {micro_batches!r}")
     with tf.name_scope("split_batch"):
-        splits = split_micro_batches(features, labels, len(devices), micro_batches)
+        splits = split_micro_batches(features, labels, len(devices), micro_batches, positions)
     weights = _example_weights(splits, home)
     built: list[Tower] = []
     sums: list[list] = []
@@ -90,7 +94,7 @@ def build_step(
         with tf.name_scope(f"micro_batch_{m}") if m else contextlib.nullcontext():
             towers = build_towers(model_fn, shards, devices, sharing, is_training=True,
                                   reuse_existing=m > 0, precision=precision, xla=xla,
-                                  after=after, made=made, batch_sums=batch_sums())
+                                  after=after, made=made, batch_sums=batch_sums(), seed=seed)
         if m:
             _check_same_variables(built[: len(devices)], towers, m)
         tower_weights = weights[m * len(devices): (m + 1) * len(devices)]

@@ -12,6 +12,7 @@ import tensorflow as tf
 from towers import keras_random, keras_sync, model_checks, state_updates
 from towers.batch_stats import CrossTowerSums
 from towers.context import ModelFn, TowerContext, TowerOutputs, as_tower_outputs, own_collection
+from towers.example_random import ExampleDraws
 from towers.made_variables import MadeVariables
 from towers.placement import tower_device_fn
 from towers.precision import Precision
@@ -46,6 +47,7 @@ def build_towers(
     after: Sequence[Sequence[tf.Tensor]] | None = None,
     made: MadeVariables | None = None,
     batch_sums: CrossTowerSums | None = None,
+    seed: int = 0,
 ) -> list[Tower]:
     """Build one tower per device; `sharing` says what each tower's variables are and
     where they live (towers.sharing: tower 0 creates them, later towers are handed
@@ -65,6 +67,8 @@ def build_towers(
         and process, nothing to synchronize.
     made: the variables made without get_variable in an earlier build of the same
         towers (a later micro-batch), handed out again; None: a new build.
+    seed: the seed of the examples' own random draws (TowerContext.draws), for shards
+        that carry their positions.
     """
     precision = precision or Precision()
     if len(shards) != len(devices):
@@ -73,9 +77,11 @@ def build_towers(
     towers: list[Tower] = []
     for i, (shard, device) in enumerate(zip(shards, devices, strict=True)):
         tower_sum = batch_sums.for_tower(i) if batch_sums else None
+        draws = None if shard.positions is None else ExampleDraws(shard.positions, seed)
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
                            precision.compute_dtype,
-                           tower_sum if batch_sums and batch_sums.every_batch_norm else None)
+                           tower_sum if batch_sums and batch_sums.every_batch_norm else None,
+                           draws)
         graph = tf.compat.v1.get_default_graph()
         outer = graph.get_name_scope()
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
@@ -90,7 +96,7 @@ def build_towers(
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
             keras_sync.synchronized_moments(tower_sum),
-            keras_random.tower_seeds(i),
+            keras_random.tower_seeds(i, shard.positions),
         ):
             features = precision.cast_features(shard.features)
             outputs = precision.cast_outputs(

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from towers import batch_stats
 from towers.batch_stats import TowerSums
+from towers.example_random import ExampleDraws
 
 Features = tf.Tensor | Mapping[str, tf.Tensor]
 
@@ -36,6 +37,10 @@ class TowerContext:
         process): called with a float32 tensor, its sum, with its gradient;
         batch_moments uses it. None when each tower's batch statistics are its own.
         Every tower must make the same calls in the same order (towers.batch_stats).
+    draws: the tower's examples' own random draws (``draws.uniform(shape)``: float32
+        [num_examples, *shape]), each a function of the example's position in the data
+        and the draw's number, so dropout masks are the same however the batch is
+        split; None when the batch came without positions (then draw as you like).
     """
 
     index: int
@@ -45,6 +50,7 @@ class TowerContext:
     num_examples: Any = None
     compute_dtype: tf.DType = tf.float32
     batch_sum: TowerSums | None = None
+    draws: ExampleDraws | None = None
 
     def batch_moments(self, x: tf.Tensor, axes: Sequence[int]
                       ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

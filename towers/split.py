@@ -17,11 +17,14 @@ class Shard(NamedTuple):
     features: same structure as the global features, leading dimension num_examples.
     labels: [num_examples, ...].
     num_examples: int32 scalar tensor.
+    positions: int64 [num_examples], the examples' positions in the data (what keys
+        their random draws, towers.example_random), when the batch came with them.
     """
 
     features: Features
     labels: tf.Tensor
     num_examples: tf.Tensor
+    positions: tf.Tensor | None = None
 
 
 def shard_sizes(batch_size: int, num_shards: int) -> list[int]:
@@ -101,11 +104,17 @@ def split_padded(features: Features, labels: tf.Tensor,
 
 
 def split_micro_batches(features: Features, labels: tf.Tensor, num_towers: int,
-                        micro_batches: int) -> list[list[Shard]]:
+                        micro_batches: int, positions: tf.Tensor | None = None
+                        ) -> list[list[Shard]]:
     """The global batch as `micro_batches` consecutive micro-batches (sizes differing by
     at most one), each split across `num_towers` towers as split_batch splits a batch:
     splits[m][i] is tower i's shard of micro-batch m. The whole batch is checked once,
-    against every tower of every micro-batch."""
+    against every tower of every micro-batch. positions: int64 [B], the examples'
+    positions, split with them (Shard.positions)."""
+    if positions is not None:
+        splits = split_micro_batches((features, positions), labels, num_towers, micro_batches)
+        return [[Shard(s.features[0], s.labels, s.num_examples, s.features[1]) for s in shards]
+                for shards in splits]
     if micro_batches == 1:
         return [split_batch(features, labels, num_towers)]
     micro = _split(features, labels, micro_batches, num_towers, micro_batches)

@@ -92,6 +92,8 @@ def build_train_op(
     accumulate_steps: int = 1,
     xla: bool = False,
     batch_norm: str = "local",
+    positions: tf.Tensor | None = None,
+    seed: int = 0,
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -119,6 +121,13 @@ def build_train_op(
     batch_norm: "local" (each tower normalizes by its own shard's statistics) or
         "sync" (by the whole global batch's, across the towers and, in a CrossProcess
         mode with `sum_across_processes`, the processes; towers.batch_stats).
+    positions: int64 [B], each example's position in the data (a number no other
+        example of the run shares: its index in the epochs laid end to end), split
+        with the batch; each tower's context then draws its examples' randomness from
+        (seed, position) (TowerContext.draws: the built-in dropout), so N towers, and
+        processes given their part of a global batch with its positions, draw what one
+        device draws for the whole batch. None: the model draws as it likes.
+    seed: the seed of those draws.
     """
     devices = _check_devices(devices)
     _check_optimizer(optimizer)
@@ -137,7 +146,8 @@ def build_train_op(
     sums: list[CrossTowerSums] = []
     step = build_step(model_fn, features, labels, devices, mode.variables, home,
                       micro_batches=accumulate_steps, precision=policy, scaler=scaler, xla=xla,
-                      batch_sums=_batch_sums(batch_norm, devices, mode, sums))
+                      batch_sums=_batch_sums(batch_norm, devices, mode, sums),
+                      positions=positions, seed=seed)
     _warn_unsynchronized(batch_norm, sums)
     towers = step.towers
     pairs, norm = mode.combine_gradients(towers, step.gradients, clip_norm)

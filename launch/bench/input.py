@@ -5,6 +5,8 @@ Rows (one model, one global batch, the same towers), each fed through the
 training job's own input path (``launch.runtime.plan`` -> ``launch.data``):
 
   synthetic       ``data.source: synthetic``: one batch made in the graph, repeated
+  npz             the pixels as float32 arrays in one ``.npz``, held in memory
+  csv             the pixels as a CSV's float columns, read whole and held in memory
   tfrecord float  pre-decoded pixels as float lists (the layout ``towers data convert
                   -c job.yaml`` writes from npz/csv)
   tfrecord raw    pre-decoded pixels as uint8 bytes (``schema: raw_image``, as
@@ -43,7 +45,7 @@ from launch.bench.jpeg import decode_costs, decode_report
 from launch.bench.report import describe_run, heading
 from launch.bench.settings import Row, Settings
 
-INPUTS = ("synthetic", "tfrecord float", "tfrecord raw", "jpeg")
+INPUTS = ("synthetic", "npz", "csv", "tfrecord float", "tfrecord raw", "jpeg")
 EXAMPLES = 2048  # written once per kind; the pipelines repeat them
 SHARDS = 8
 JPEG_SCALE = 2  # stored JPEG side / model side, like ImageNet's ~400 px for 224
@@ -89,7 +91,8 @@ def write_inputs(spec, directory: str, count: int = EXAMPLES, seed: int = 0) -> 
         "jpeg": lambda i: encoded_image_example(encoded[i], large[i].shape, int(labels[i]),
                                                 "JPEG", ""),
     }
-    sections = {"synthetic": {"source": "synthetic"}}
+    sections = {"synthetic": {"source": "synthetic"},
+                **write_arrays(images / np.float32(255), labels, directory)}
     for name, make in kinds.items():
         prefix = f"{directory}/{name.replace(' ', '_')}"
         with ShardedWriter(prefix, SHARDS, count) as writer:
@@ -100,6 +103,18 @@ def write_inputs(spec, directory: str, count: int = EXAMPLES, seed: int = 0) -> 
     sections["tfrecord raw"]["schema"] = {"preset": "raw_image", **schema}
     sections["jpeg"]["schema"] = {"preset": "imagenet", **schema}
     return sections
+
+
+def write_arrays(images: np.ndarray, labels: np.ndarray, directory: str) -> dict[str, dict]:
+    """images float32 [N, ...] in [0, 1] and labels [N] as an npz and as a CSV (a column
+    per pixel, then the label); each one's data section."""
+    npz, csv = f"{directory}/arrays.npz", f"{directory}/arrays.csv"
+    np.savez(npz, features=images.astype(np.float32), labels=labels)
+    flat = images.reshape(len(images), -1)
+    header = ",".join([f"p{i}" for i in range(flat.shape[1])] + ["label"])
+    table = np.concatenate([flat, labels[:, None].astype(np.float32)], axis=1)
+    np.savetxt(csv, table, delimiter=",", header=header, comments="", fmt="%.6g")
+    return {"npz": {"source": "npz", "path": npz}, "csv": {"source": "csv", "path": csv}}
 
 
 def run_input(settings: Settings, write: Callable[[str], None]) -> tuple[list[Row], list[Row]]:

@@ -32,14 +32,16 @@ def build_input_case(spec: dict) -> BuiltCase:
         return training_step(job)
     import tensorflow as tf
 
-    from launch.runtime.inputs import input_tensors
+    from launch.runtime.inputs import training_input
     from launch.runtime.plan import make_plan
 
     plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
-        batch = input_tensors(plan, training=True, batch_size=plan.process_batch_size)
+        feed = training_input(plan, job.train.batch_size)
+        batch = feed.features
     session = tf.compat.v1.Session(graph=graph, config=plan.session)
+    session.run(feed.initializer)
 
     def run(steps: int) -> None:
         for _ in range(steps):

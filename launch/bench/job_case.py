@@ -22,9 +22,10 @@ def training_step(job: JobConfig) -> BuiltCase:
     plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
-        ops, _, _ = build_training_graph(job, plan)
+        built = build_training_graph(job, plan)
+        ops = built.ops
         init = tf.group(tf.compat.v1.global_variables_initializer(),
-                        tf.compat.v1.local_variables_initializer())
+                        tf.compat.v1.local_variables_initializer(), built.input.initializer)
         micro = plan.process_batch_size // job.train.accumulate_steps
         facts = {"kernels": kernels_of(ops_run_by(ops.train_op), -(-micro // len(plan.devices))),
                  "examples_per_step": plan.job_examples_per_step, "devices": plan.devices}

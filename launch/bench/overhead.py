@@ -78,7 +78,7 @@ def build_case(job, name: str, exporter) -> Case:
     plan = make_plan(job)
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(job, plan)
+        ops, scaffold, rate, *_ = build_training_graph(job, plan)
         served = metrics.training_hooks(
             exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session)
         progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,

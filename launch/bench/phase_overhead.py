@@ -99,7 +99,7 @@ def build_case(job, name: str, phases_on: bool) -> tuple[Case, TimedHook | None]
     graph = tf.Graph()
     timed = None
     with graph.as_default():
-        ops, scaffold, _ = build_training_graph(job, plan)
+        ops, scaffold, *_ = build_training_graph(job, plan)
         phases = StepPhases()
         progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
                                 plan.process_batch_size, 10**9, 10**9, None, lambda line: None,

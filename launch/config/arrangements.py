@@ -54,15 +54,6 @@ class ArrangementRules:
         return None
 
 
-def no_epochs(job: JobConfig, arrangement: ArrangementRules) -> None:
-    """Processes that step together cannot read shares of the data that may end apart."""
-    if job.data.epochs is not None:
-        raise Invalid(f"not available {arrangement.where}: its processes step together and "
-                      "their shares of the data may end at different steps, leaving the "
-                      "others waiting for ever; leave it unset and bound the job with "
-                      "train.steps", "data.epochs", ["cluster.backend"])
-
-
 def no_sync_batch_norm(job: JobConfig, arrangement: ArrangementRules) -> None:
     """Workers in sessions of their own share no batch statistics."""
     if job.towers.batch_norm == "sync":
@@ -117,7 +108,6 @@ class CollectiveRules(ArrangementRules):
                           "no backup workers; set it to 0, or add ps tasks",
                           "train.backup_workers", ["cluster.backend"])
         no_sync_batch_norm(job, self)
-        no_epochs(job, self)
 
     def fits(self, cluster: Collection[str]) -> str | None:
         return ("a collective job has no ps tasks (it all-reduces its workers' gradients)"
@@ -131,7 +121,6 @@ class HorovodRules(ArrangementRules):
     runs_as = "`towers train` ranks under horovodrun"
 
     def check(self, job: JobConfig) -> None:
-        no_epochs(job, self)
         if job.towers.gradient_dtype == "bfloat16":
             raise Invalid("Horovod has no bfloat16 all-reduce; send 16-bit gradients as "
                           "float16 (Horovod's fp16 compression) or float32",

@@ -5,7 +5,11 @@ images, converters.
                 each gives, checks and reads (``Source``); ``source_of(job.data)``
     pipeline    make_dataset / check_source / load_arrays by source name and options;
                 input_tensors, a dataset's batch as tensors
-    stream      the stages pipelines share: sharding, interleave, batching, per-record
+    order, record_order   the order of the examples in every epoch (in memory; TFRecord)
+    position    which positions each global step and each process take; where the
+                data's passes end
+    record_index, record_stream   TFRecord records from any position on
+    stream      the stages pipelines share: evaluation files, batching, per-record
     record_schema  TFRecord feature schemas (data.schema) and records checked against them
     images      decode, augmentation, centre crop, normalisation (data.image)
     infer       the input spec the data implies; a model's and the data's checked together
@@ -23,7 +27,6 @@ from launch.data.pipeline import check_source, input_tensors, load_arrays, make_
 from launch.data.skips import SkippedRecords, input_errors, ordinal
 from launch.data.sources import SOURCES, DataSpec, Source, source_of
 from launch.data.sources.builtin import builtin_arrays
-from launch.data.stream import files_of_shard
 
 __all__ = [
     "SOURCES",
@@ -36,7 +39,6 @@ __all__ = [
     "check_source",
     "data_spec",
     "describe",
-    "files_of_shard",
     "input_errors",
     "input_tensors",
     "load_arrays",

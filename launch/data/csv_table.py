@@ -317,25 +317,19 @@ class CsvExamples:
 
 
 def csv_examples(files: Sequence[str], spec: InputSpec, label_column: str,
-                 feature_columns: Sequence[str] | None, *, skip: bool,
-                 mine: Sequence[str] | None = None) -> CsvExamples:
-    """The examples of ``files`` (of the files ``mine``, when given: one reader's share)
-    as ``spec`` takes them. A bad row is a DataError naming it, unless ``skip``; a
-    source without examples is one either way."""
-    where = describe(list(mine or files), list(mine or files))
+                 feature_columns: Sequence[str] | None, *, skip: bool) -> CsvExamples:
+    """The examples of ``files`` as ``spec`` takes them. A bad row is a DataError naming
+    it, unless ``skip``; a source without examples is one either way."""
+    where = describe(list(files), list(files))
     table = read_csv(files, label_column, feature_columns)
     check_against_spec(table, spec, where, feature_columns is not None)
     keep, spec_bad, _ = rows_against_spec(table, spec)
-    read = set(range(len(files))) if mine is None else {files.index(name) for name in mine}
-    in_share = np.isin(table.file_of, list(read))
     order = {name: index for index, name in enumerate(files)}
-    bad = sorted((row for row in (*table.bad, *spec_bad) if order[row.file] in read),
+    bad = sorted((*table.bad, *spec_bad),
                  key=lambda row: (order[row.file], row.line))[:KEPT_BAD_ROWS]
-    count = sum(table.bad_counts[index] for index in read) + int(
-        np.count_nonzero(in_share & ~keep))
+    count = sum(table.bad_counts) + int(np.count_nonzero(~keep))
     if bad and not skip:
         raise bad_row_error(table, bad[0], count)
-    keep &= in_share
     if not keep.any():
         raise no_examples(where, bad, count)
     return CsvExamples(table.features[keep], table.labels[keep], tuple(bad), count)

@@ -68,3 +68,11 @@ def describe(path: PathArg, files: list[str]) -> str:
 def read_error(name: str, err: Exception) -> DataError:
     detail = err.message if isinstance(err, tf.errors.OpError) else str(err)
     return DataError(f"{name}: cannot read: {detail}")
+
+
+def file_size(name: str) -> int:
+    """The size of file ``name`` in bytes; DataError when it cannot be read."""
+    try:
+        return tf.io.gfile.stat(name).length
+    except tf.errors.OpError as err:
+        raise read_error(name, err) from None

@@ -11,7 +11,8 @@ Training (``data.image.augment``): a random crop whose area is a fraction
 the model's size, then a random left-right flip (``flip``). Evaluation, and training
 without ``augment``: the central ``eval_crop`` of each side, resized. Then per
 channel ``(pixel / 255 - mean) / std``. Randomness is stateless, seeded by
-``data.seed`` and each record's position in the stream, so a run is repeatable.
+``data.seed`` and each example's position in the data (launch.data.position), so
+an example's crop is the same whichever reader takes it, and on every resume.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+import towers
 from launch.config import ImageConfig
 from launch.data.errors import DataError, tf_error_text
 from launch.log import descriptor_2_captured
@@ -29,6 +31,7 @@ from launch.log import descriptor_2_captured
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _WHOLE_IMAGE = ((0.0, 0.0, 1.0, 1.0),)  # the "object" a random crop must overlap
+_AUGMENT = 1  # the salt of a batch of raw pixels' crops and flips
 
 
 @dataclass(frozen=True)
@@ -113,18 +116,22 @@ def _window(shape: tf.Tensor, seed: tf.Tensor, opts: ImageOptions) -> tf.Tensor:
 # ------------------------------------------------------------------- batches of pixels
 
 
-def pixels(images: tf.Tensor, seed: tf.Tensor, opts: ImageOptions) -> tf.Tensor:
-    """images: uint8 [B, height, width, channels] already at the output size; seed:
-    int64 [2]. Returns float32 [B, height, width, channels] in [0, 255], augmented
-    (training) or centre-cropped (eval_crop < 1) and resized back to the same size."""
+def pixels(images: tf.Tensor, positions: tf.Tensor | None, seed: int,
+           opts: ImageOptions) -> tf.Tensor:
+    """images: uint8 [B, height, width, channels] already at the output size; positions:
+    int64 [B], the examples' positions, whose draws (towers.example_uniform) are their
+    crops and flips (None when not augmenting). Returns float32 [B, height, width,
+    channels] in [0, 255], augmented (training) or centre-cropped (eval_crop < 1) and
+    resized back to the same size."""
     batch = tf.shape(images)[0]
     size = [opts.height, opts.width]
     if opts.augment:  # crop_and_resize reads uint8 and gives float32: no cast first
-        box_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        boxes = random_boxes(batch, box_seed, opts)
-        images = tf.image.crop_and_resize(images, boxes, tf.range(batch), size)
+        draws = towers.example_uniform(positions, 5, towers.example_seed(seed, _AUGMENT))
+        images = tf.image.crop_and_resize(images, random_boxes(draws[:, :4], opts),
+                                          tf.range(batch), size)
         if opts.flip:  # each image of the batch flipped or not on its own
-            images = tf.image.stateless_random_flip_left_right(images, flip_seed)
+            flipped = draws[:, 4] < 0.5
+            images = tf.where(flipped[:, None, None, None], tf.reverse(images, [2]), images)
         return images
     if opts.eval_crop < 1:
         margin = (1 - opts.eval_crop) / 2
@@ -133,24 +140,22 @@ def pixels(images: tf.Tensor, seed: tf.Tensor, opts: ImageOptions) -> tf.Tensor:
     return tf.cast(images, tf.float32)
 
 
-def random_boxes(batch: tf.Tensor, seed: tf.Tensor, opts: ImageOptions) -> tf.Tensor:
-    """float32 [batch, 4] crop boxes (top, left, bottom, right in [0, 1]) of area in
-    crop_area and width/height in aspect_ratio, each placed uniformly.
+def random_boxes(draws: tf.Tensor, opts: ImageOptions) -> tf.Tensor:
+    """draws: uniform [B, 4] -> float32 [B, 4] crop boxes (top, left, bottom, right in
+    [0, 1]) of area in crop_area and width/height in aspect_ratio, each placed uniformly.
 
     Written here, vectorised over the batch, because tf.image's sampler draws one box
     per call; a box the image cannot hold at that ratio is clipped to the image
     rather than redrawn.
     """
-    area_seed, ratio_seed, top_seed, left_seed = tf.unstack(
-        tf.random.experimental.stateless_split(seed, 4))
-    area = tf.random.stateless_uniform([batch], area_seed, *opts.crop_area)
-    log_ratio = tf.random.stateless_uniform([batch], ratio_seed,
-                                            *(math.log(r) for r in opts.aspect_ratio))
-    ratio = tf.exp(log_ratio) * (opts.height / opts.width)  # in fractions of each side
-    height = tf.minimum(1.0, tf.sqrt(area / ratio))
+    low, high = opts.crop_area
+    area = low + draws[:, 0] * (high - low)
+    low, high = (math.log(r) for r in opts.aspect_ratio)
+    ratio = tf.exp(low + draws[:, 1] * (high - low)) * (opts.height / opts.width)
+    height = tf.minimum(1.0, tf.sqrt(area / ratio))  # in fractions of each side
     width = tf.minimum(1.0, tf.sqrt(area * ratio))
-    top = tf.random.stateless_uniform([batch], top_seed) * (1 - height)
-    left = tf.random.stateless_uniform([batch], left_seed) * (1 - width)
+    top = draws[:, 2] * (1 - height)
+    left = draws[:, 3] * (1 - width)
     return tf.stack([top, left, top + height, left + width], axis=1)
 
 

@@ -10,13 +10,13 @@ Each function names a source (``synthetic``, ``builtin``, ``npz``, ``csv``,
 ``tfrecord``: ``launch.data.sources``, a module each) and its options as keywords; a
 job's runtime holds the source itself (``source_of(job.data)``).
 
-Every in-memory pipeline (builtin, npz, csv) is: example indices -> shard -> shuffle
-(training, seeded, the whole epoch) -> repeat -> batch -> gather -> prefetch. Every
-TFRecord pipeline is: records -> shard -> shuffle (training, seeded) -> repeat ->
-batch -> parse -> prefetch (:mod:`launch.data.stream`). Batches are full
-(``drop_remainder=True``, static batch dimension) whenever the stream is infinite or
-``training`` is set; a finite evaluation stream keeps its last, partial batch so that
-every example is seen once (batch dimension ``None``).
+Training batches are taken by position (:mod:`launch.data.position`) in the order of
+:mod:`launch.data.order` (in-memory sources: a permutation of every epoch) or
+:mod:`launch.data.record_order` (TFRecord files: files permuted, read round robin,
+windows shuffled), then parsed; evaluation batches read the data in order. Batches
+are full (``drop_remainder=True``, static batch dimension) whenever the stream is
+infinite or ``training`` is set; a finite evaluation stream keeps its last, partial
+batch so that every example is seen once (batch dimension ``None``).
 
 Datasets are built in the default graph under ``/cpu:0``: build them in the graph the
 trainer runs, then take tensors with :func:`input_tensors`.
@@ -57,8 +57,8 @@ def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg
     ``path`` as given) without shuffling or augmenting. ``num_parallel_calls``/
     ``prefetch``: None (or 'auto') means ``tf.data.AUTOTUNE``. ``num_examples`` sizes
     the builtin split (and a non-repeating synthetic stream). In-memory sources
-    (builtin, npz, csv) shuffle whole epochs of indices; TFRecord sources use
-    ``shuffle_buffer`` records. ``label_column`` / ``feature_columns``: a CSV source's
+    (builtin, npz, csv) shuffle whole epochs; TFRecord sources permute their files and
+    windows of ``shuffle_buffer`` records. ``label_column`` / ``feature_columns``: a CSV source's
     columns (``data.label_column``, ``data.feature_columns``; None: every column but the
     label). ``schema`` / ``image``: a TFRecord source's layout and image options
     (``data.schema``, ``data.image``). ``skipped``: leave out records that fail to parse
@@ -66,9 +66,9 @@ def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg
     DataError naming the file and the record, or, for what only decoding finds, a
     TensorFlow error mid-run that :func:`launch.data.input_errors` turns into one.
     ``threads``: run the pipeline on its own pool of that many threads (None:
-    TensorFlow's inter-op pool). ``shard=(i, n)``: this reader's part, so n readers
-    (workers, Horovod ranks) see disjoint data: files i, i + n, ... when there are at
-    least n files, else every n-th example. Cheap checks run here (a CSV or an npz is
+    TensorFlow's inter-op pool). ``shard=(i, n)``: training, this reader's part, so n
+    readers (workers, Horovod ranks) see disjoint data: examples [i B, (i + 1) B) of
+    every n B of the one order. Cheap checks run here (a CSV or an npz is
     read whole, a TFRecord's first record); :func:`check_source` is the thorough
     pre-flight. Raises DataError.
     """
@@ -82,8 +82,7 @@ def make_dataset(source: str, spec: InputSpec, batch_size: int, *, path: PathArg
 
 
 def check_source(source: str, spec: InputSpec, path: PathArg = None,
-                 label_column: str = "label", schema: RecordSchemaConfig | None = None,
-                 shard: tuple[int, int] = (0, 1), *,
+                 label_column: str = "label", schema: RecordSchemaConfig | None = None, *,
                  feature_columns: Sequence[str] | None = None,
                  on_bad_record: str = "fail") -> None:
     """Pre-flight check of a source against ``spec`` without building or running a graph.
@@ -100,11 +99,10 @@ def check_source(source: str, spec: InputSpec, path: PathArg = None,
     the file and the record, counted from 0. With ``on_bad_record='skip'`` bad rows
     and records are left for the pipeline to leave out; a source with none left is
     still an error. npz feature arrays are checked from their headers, not loaded.
-    ``shard``: as make_dataset's; only this reader's files are checked.
     """
     cfg = _named(source, path, label_column=label_column, schema=schema,
                  feature_columns=feature_columns, on_bad_record=on_bad_record)
-    source_of(cfg).check(spec, shard=shard)
+    source_of(cfg).check(spec)
 
 
 def load_arrays(source: str, spec: InputSpec, path: PathArg, label_column: str = "label",

@@ -53,7 +53,7 @@ from launch.metrics.evaluation import record_eval
 from launch.metrics.exporter import FINAL_SCRAPE_WAIT_SECS, Exporter, Identity, serve, start
 from launch.metrics.gpu import GPU_METRICS, GpuCollector, gpu_collector
 from launch.metrics.server import MetricsError
-from launch.metrics.training import TrainingHooks, TrainMetrics, training_hooks
+from launch.metrics.training import TrainingHooks, TrainMetrics, data_gauges, training_hooks
 
 __all__ = [
     "FINAL_SCRAPE_WAIT_SECS",
@@ -68,5 +68,6 @@ __all__ = [
     "record_eval",
     "serve",
     "start",
+    "data_gauges",
     "training_hooks",
 ]

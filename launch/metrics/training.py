@@ -312,3 +312,21 @@ def training_hooks(
     return TrainingHooks([hook], [CheckpointMetrics(metrics)], hook.on_step,
                          metrics.record_overflow, metrics.record_phases)
 
+
+
+def data_gauges(exporter: Exporter | None) -> Callable[[float, int], None] | None:
+    """Where the data stands, as two gauges: ``towers_data_epoch`` (the passes over the
+    data done, 1.5 half way through the second) and ``towers_examples_trained`` (the
+    positions the job's steps have taken: launch.data.position). Returns their setter,
+    called with (epoch, examples); None when not serving."""
+    if exporter is None:
+        return None
+    epoch = exporter.gauge("towers_data_epoch", "Passes over the training data done")
+    examples = exporter.gauge("towers_examples_trained",
+                              "Training examples the job's steps have taken")
+
+    def record(done: float, taken: int) -> None:
+        epoch.set(done)
+        examples.set(taken)
+
+    return record

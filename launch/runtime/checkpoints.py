@@ -15,6 +15,9 @@ import tensorflow as tf
 from launch.config import TrainConfig, WarmStartConfig
 from launch.errors import BadInput, ResourceFailed
 
+# The scope of the data state's variables (launch.runtime.data_state), saved beside the model's.
+DATA_SCOPE = "towers_data"
+
 V1 = tf.compat.v1
 
 
@@ -226,6 +229,14 @@ def check_compatible(checkpoint_dir: str, variables: Sequence[tf.Variable] | Non
             missing.append(name)
         elif list(stored[name]) != var.shape.as_list():
             reshaped.append(f"{name} {stored[name]} vs {var.shape.as_list()}")
+    data_state = [name for name in missing if name.startswith(f"{DATA_SCOPE}/")]
+    missing = [name for name in missing if name not in data_state]
+    if data_state and not missing and not reshaped:
+        raise CheckpointError(
+            f"train.checkpoint_dir: {latest} was written before towers saved the data "
+            "position with the model, so a resume cannot say where its data stands. Use "
+            "another checkpoint_dir with warm_start from it to go on from its weights"
+        )
     if missing or reshaped:
         details = []
         if missing:

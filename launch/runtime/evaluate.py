@@ -90,7 +90,7 @@ def _precision_line(job: JobConfig) -> str:
 
 def _build(job: JobConfig, plan: Plan,
            skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
-    features, labels = input_tensors(plan, training=False, batch_size=job.eval.batch_size,
+    features, labels = input_tensors(plan, batch_size=job.eval.batch_size,
                                      skipped=skipped)
     ops = towers.build_eval_ops(
         plan.model.model_fn, features, labels, plan.devices, param_device=plan.param_device,

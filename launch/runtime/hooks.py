@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import tensorflow as tf
 
@@ -17,10 +18,30 @@ from towers import NONFINITE_GRADIENT, NONFINITE_LOSS
 V1 = tf.compat.v1
 
 
+@dataclass
+class LastStep:
+    """The global step a job stops at: train.steps, or the step at which the data's
+    passes end (data.epochs) if that comes first, known once the session has started."""
+
+    steps: int
+    data_end: int | None = None
+
+    @property
+    def step(self) -> int:
+        return self.steps if self.data_end is None else min(self.steps, self.data_end)
+
+    @property
+    def by_data(self) -> bool:
+        """The data's passes end the job, not train.steps."""
+        return self.data_end is not None and self.data_end < self.steps
+
+
 class StopAtStepHook(V1.train.StopAtStepHook):
-    """TensorFlow's StopAtStepHook, which also stops a session that starts at or past
-    the last step before it takes any: TensorFlow's checks only after a step, so running
-    a finished job again trained one more step (and saved one more checkpoint) each time.
+    """TensorFlow's StopAtStepHook, at the job's last step (``last``: train.steps, or
+    where the data's passes end if sooner, set as the session starts, before this hook
+    runs), which also stops a session that starts at or past the last step before it
+    takes any: TensorFlow's checks only after a step, so running a finished job again
+    trained one more step (and saved one more checkpoint) each time.
 
     start_step: the global step the session started at (restored, or 0).
     done_at_start: the session started at or past the last step; the loop takes no
@@ -28,41 +49,62 @@ class StopAtStepHook(V1.train.StopAtStepHook):
     chief's queue runner, and close its token queue, before the hooks' end() runs.)
     """
 
-    def __init__(self, last_step: int, write: Callable[[str], None]):
-        super().__init__(last_step=last_step)
+    def __init__(self, last: LastStep, write: Callable[[str], None], epochs: int | None = None):
+        super().__init__(last_step=last.steps)
+        self._last = last
+        self._epochs = epochs
         self._write = write
         self.start_step: int | None = None
         self.done_at_start = False
 
     def after_create_session(self, session, coord) -> None:
         super().after_create_session(session, coord)
+        self._last_step = self._last.step
         self.start_step = int(session.run(self._global_step_tensor))
         self.done_at_start = self.start_step >= self._last_step
-        if self.done_at_start:
+        if not self.done_at_start:
+            return
+        if self._last.by_data:
+            self._write(f"at step {self.start_step} already, where the data's "
+                        f"{self._epochs} pass(es) end (data.epochs): no step to take")
+        else:
             self._write(f"at step {self.start_step} already, train.steps is "
-                        f"{self._last_step}: no step to take")
+                        f"{self._last.steps}: no step to take")
 
 
 class DataEndHook(V1.train.SessionRunHook):
-    """Whether the session ended because the input ran out (data.epochs).
+    """Whether the session ended because this process's input ran out (data.epochs).
 
     MonitoredSession ends quietly on the OutOfRangeError of a step whose input has run
     out: that step never reaches after_run, and end() is called while it is in flight.
+    Another queue closed under a step ends it the same way (a synchronous worker's token
+    queue, which the chief closes as it stops), so the input counts as run out only
+    when the steps done have taken every batch it was started with.
+
+    batches: the batches this session's input was started with (None: no end), known
+    once the session has started.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, batches: Callable[[], int | None] = lambda: None) -> None:
+        self._batches = batches
         self.in_step = False
+        self.steps = 0
+
+    def after_create_session(self, session, coord) -> None:
+        self.steps = 0
 
     def before_run(self, run_context):
         self.in_step = True
 
     def after_run(self, run_context, run_values) -> None:
         self.in_step = False
+        self.steps += 1
 
     @property
     def ran_out(self) -> bool:
-        """Asked once the session has ended: it ended mid-step, on the end of the data."""
-        return self.in_step
+        """Asked once the session has ended: it ended mid-step, on the end of its data."""
+        batches = self._batches()
+        return self.in_step and (batches is None or self.steps >= batches)
 
 
 class StopOnSignalHook(V1.train.SessionRunHook):

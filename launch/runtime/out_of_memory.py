@@ -41,7 +41,9 @@ def out_of_memory(where: str, fix: str,
     try:
         yield
     except tf.errors.ResourceExhaustedError as err:
-        if "OOM" not in err.message:
+        # Only an allocation refused is memory: a full disk or a full queue is also
+        # RESOURCE_EXHAUSTED (and a path or a node name may hold the letters "OOM").
+        if "OOM when allocating" not in err.message:
             raise
         said = f"out of memory {_allocation(err.message)} {where}; {fix}"
         raise OutOfMemory(f"{said}. {latest()}" if latest else said) from None

@@ -15,8 +15,8 @@ from launch.runtime.training_graph import build_training_graph
 
 
 def preflight(job: JobConfig, plan: Plan, is_chief: bool = True) -> None:
-    """Check what can be checked before anything is written: this process's share of the
-    data, and for the chief (the only process that writes them) the checkpoint paths."""
+    """Check what can be checked before anything is written: the data, and for the
+    chief (the only process that writes them) the checkpoint paths."""
     check_data(plan)
     if not is_chief:
         return
@@ -26,10 +26,10 @@ def preflight(job: JobConfig, plan: Plan, is_chief: bool = True) -> None:
 
 
 def check_data(plan: Plan, training: bool = True) -> None:
-    """The training data (this process's share) or the evaluation data against the
+    """The training data or the evaluation data against the
     model's input spec; a user's model that disagrees with it is named beside it."""
     try:
-        plan.source.check(plan.model.input_spec, training=training, shard=plan.share)
+        plan.source.check(plan.model.input_spec, training=training)
     except data.DataError as err:
         if plan.model.source == "built-in":
             raise

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from launch.metrics.throughput import Mark, Rates, Throughput
+from launch.runtime.hooks import LastStep
 
 V1 = tf.compat.v1
 
@@ -59,6 +60,8 @@ class ProgressHook(V1.train.SessionRunHook):
     process's; launch/metrics/throughput.py). Writes both rates to TensorBoard beside
     the graph's own summaries.
 
+    last: the job's last step (train.steps, or where the data's passes end if sooner:
+    launch.runtime.hooks.LastStep), which the line counts to and the ETA aims at.
     batch_size: this process's examples per step. job_examples_per_step: the examples
     one global step stands for (None: batch_size, a job of one process).
     process: what this process is called on the line ('worker', 'rank').
@@ -74,7 +77,7 @@ class ProgressHook(V1.train.SessionRunHook):
         fetches: Mapping[str, tf.Tensor],
         global_step: tf.Tensor,
         batch_size: int,
-        last_step: int,
+        last: LastStep | int,
         every_steps: int,
         summary_dir: str | None,
         write: Callable[[str], None],
@@ -88,7 +91,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self._on_step = on_step
         self.throughput = Throughput(batch_size, job_examples_per_step or batch_size)
         self._process = process
-        self._last_step = last_step
+        self._last = last if isinstance(last, LastStep) else LastStep(last)
         self._every = every_steps
         self._summary_dir = summary_dir
         self._write = write
@@ -98,6 +101,10 @@ class ProgressHook(V1.train.SessionRunHook):
         self._window: dict[str, list[float]] = {}
         self._line_mark: Mark | None = None
         self._reported_step: int | None = None
+
+    @property
+    def _last_step(self) -> int:
+        return self._last.step
 
     def begin(self) -> None:
         self._writer = (

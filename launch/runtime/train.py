@@ -14,8 +14,10 @@ from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
 from launch.runtime.advice import Setup, advice, bottleneck
+from launch.runtime.data_state import DataPositionHook
 from launch.runtime.hooks import (
     DataEndHook,
+    LastStep,
     LossScaleHook,
     PlacementTraceHook,
     SkipNonFiniteHook,
@@ -34,19 +36,21 @@ from launch.runtime.signals import StopSignals, work_done
 from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
-from launch.runtime.training_graph import build_training_graph
+from launch.runtime.training_graph import TrainingGraph, build_training_graph
 
 V1 = tf.compat.v1
 
 
 @dataclass
 class _Loop:
-    """The hooks of one training session, and the two whose state becomes the result."""
+    """The hooks of one training session, and those whose state becomes the result."""
 
     hooks: list[V1.train.SessionRunHook]
     chief_hooks: list[V1.train.SessionRunHook]
     progress: ProgressHook
     stop_at: StopAtStepHook
+    last: LastStep
+    data: DataPositionHook
     data_end: DataEndHook
     phases: StepPhases
     loss_scale: LossScaleHook | None = None
@@ -89,27 +93,25 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
     with graph.as_default():
-        ops, scaffold, rate = build_training_graph(job, plan, role.wrap_optimizer, skipped,
-                                                   write)
+        built = build_training_graph(job, plan, role.wrap_optimizer, skipped, write)
+        resumed = None
         if role.writes:
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
-            _announce_resume(resumed, write)  # only once it is known to fit the model
-        loop = _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write)
+        loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
         write(_startup_line(job, plan))
-        for line in (_precision_note(job, plan, ops.train_op),
-                     plan.source.reader_line(plan.share)):
-            if line:
-                write(line)
+        note = _precision_note(job, plan, built.ops.train_op)
+        if note:
+            write(note)
         role.before_session(plan.session)
         with data.input_errors(where):
-            _run_session(job.train, plan, role, ops, scaffold, loop, stop)
+            _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers()))
-    if result.get("stopped_by") == "end of data":
+    if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
-              f"{result['global_step']} of {job.train.steps}; training ends there")
+              f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
     if job.data.on_bad_record == "skip":
         result["skipped_records"] = skipped.count
     return result
@@ -169,9 +171,16 @@ def _compute_text(job: JobConfig, plan: Plan) -> str:
     return ", ".join(parts)
 
 
-def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> _Loop:
+def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, exporter, stop,
+                write) -> _Loop:
     """Every hook of the session, in the order they must run."""
     cfg = job.train
+    ops, scaffold, rate = built.ops, built.scaffold, built.rate
+    last = LastStep(cfg.steps)
+    data_position = DataPositionHook(
+        built.data_state, built.input, ops.global_step, job.data.epochs, last,
+        rebases=role.is_chief, announce=role.writes, wait_secs=role.max_wait_secs,
+        resumed_from=resumed, write=write)
     served = metrics.training_hooks(
         exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session,
         plan.job_examples_per_step if role.writes else None,  # one series per job
@@ -185,18 +194,20 @@ def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> 
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
         plan.process_batch_size,
-        cfg.steps,
+        last,
         cfg.log_every_steps,
         cfg.checkpoint_dir if role.writes else None,
         write,
-        on_step=served.on_step,  # hands its fetched values to the metrics
+        on_step=_on_step(served.on_step, metrics.data_gauges(exporter), data_position),
         phases=phases.window_text,
         job_examples_per_step=plan.job_examples_per_step,
         process=role.label or None,
     )
-    stop_at, data_end = StopAtStepHook(cfg.steps, write), DataEndHook()
+    stop_at = StopAtStepHook(last, write, job.data.epochs)
+    data_end = DataEndHook(lambda: data_position.batches)
     hooks = [
         *role.start_hooks(ops),
+        data_position,  # before any hook asks where the job stops
         *served.hooks,  # first, so its step timer starts right before the session run
         timer,  # before progress, so the step it reports is in the phases
         stop_at,
@@ -226,7 +237,21 @@ def _loop_hooks(job, plan, role, ops, scaffold, rate, exporter, stop, write) -> 
         checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
-    return _Loop(hooks, chief_hooks, progress, stop_at, data_end, phases, loss_scale)
+    return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
+                 loss_scale)
+
+
+def _on_step(served, data_figures, data_position: DataPositionHook):
+    """ProgressHook's callback: each step's fetched values to the metrics, and where the
+    data stands to its gauges; None when not serving."""
+    if served is None:
+        return None
+
+    def on_step(step: int, values) -> None:
+        served(step, values)
+        data_figures(data_position.epoch(step), data_position.examples_trained(step))
+
+    return on_step
 
 
 def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: _Loop,
@@ -293,9 +318,12 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
         result["global_step"] = checkpoints.step_of(latest)
     if role.writes:  # a non-chief worker did not write it and may not see its directory
         result["checkpoint"] = latest
+    step = result["global_step"]
+    result["epoch"] = round(loop.data.epoch(step), 6)
+    result["examples_trained"] = loop.data.examples_trained(step)
     if stop:
         result["stopped_by"] = "signal"
-    elif loop.data_end.ran_out:
+    elif loop.data_end.ran_out or (loop.last.by_data and step >= loop.last.step):
         result["stopped_by"] = "end of data"
     return role.finish(result)
 
@@ -312,8 +340,3 @@ def _report_phases(phases: StepPhases, result: dict, write: Callable[[str], None
     write(f"where the step time went: {shares_text(shares)} of "
           f"{sum(phases.total.values()):.1f} s in steps")
     write(f"advice: {advise(shares)}")
-
-
-def _announce_resume(checkpoint: str | None, write: Callable[[str], None]) -> None:
-    if checkpoint is not None:
-        write(f"resuming from {checkpoint} at step {checkpoints.step_of(checkpoint)}")

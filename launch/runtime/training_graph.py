@@ -7,6 +7,7 @@ import os
 import random
 import warnings
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -15,8 +16,9 @@ from launch import data
 from launch.config import JobConfig
 from launch.log import log
 from launch.runtime import checkpoints
+from launch.runtime.data_state import DataState
 from launch.runtime.input_watch import count_batches
-from launch.runtime.inputs import input_tensors
+from launch.runtime.inputs import TrainingInput, training_input
 from launch.runtime.optim import learning_rate, make_optimizer
 from launch.runtime.plan import Plan
 
@@ -26,12 +28,24 @@ V1 = tf.compat.v1
 OptimizerWrapper = Callable[[V1.train.Optimizer], V1.train.Optimizer]
 
 
+class TrainingGraph(NamedTuple):
+    """What the loop runs: the step's ops, the scaffold (saver, initialisers), the
+    learning rate; the input (started at position 0 by the scaffold's local
+    initialiser, and where the data stands by launch.runtime.data_state's hook) and the
+    data state the checkpoint keeps."""
+
+    ops: towers.TrainOps
+    scaffold: V1.train.Scaffold
+    rate: tf.Tensor
+    input: TrainingInput
+    data_state: DataState
+
+
 def build_training_graph(
     job: JobConfig, plan: Plan, wrap_optimizer: OptimizerWrapper | None = None,
     skipped: data.SkippedRecords | None = None, write: Callable[[str], None] = log,
-) -> tuple[towers.TrainOps, V1.train.Scaffold, tf.Tensor]:
-    """The whole training graph of ``job`` as ``plan`` places it, in the default graph;
-    returns ops, scaffold, learning rate.
+) -> TrainingGraph:
+    """The whole training graph of ``job`` as ``plan`` places it, in the default graph.
 
     wrap_optimizer: e.g. SyncReplicasOptimizer for a synchronous ps/worker job.
     skipped: counts the input records skipped (data.on_bad_record: skip).
@@ -44,25 +58,25 @@ def build_training_graph(
     V1.set_random_seed(seed)
     # Keras draws its layers' seeds (dropout, initial weights) from Python's generator.
     random.seed(seed)
-    features, labels = input_tensors(plan, training=True,
-                                     batch_size=plan.process_batch_size, skipped=skipped)
+    feed = training_input(plan, job.train.batch_size, skipped)
+
     mode = plan.variable_update()
-    with V1.device(mode.step_device(plan.devices)):
+    step_device = mode.step_device(plan.devices)
+    with V1.device(step_device):
         global_step = V1.train.get_or_create_global_step()
+    state = DataState(feed, data_per_step(job, plan), job.data.seed, step_device)
     rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
     optimizer = make_optimizer(job.optimizer, rate)
     if wrap_optimizer is not None:
         optimizer = wrap_optimizer(optimizer)
     with told_as_lines(write):
-        ops = _build_train_op(job, plan, features, labels, optimizer, mode, global_step)
-    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(features, plan.host)))
+        ops = _build_train_op(job, plan, feed, optimizer, mode, global_step)
+    ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(feed.features, plan.host)))
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
-        model_vars = [
-            v
-            for v in V1.global_variables()
-            if v not in optimizer.variables() and v is not global_step
-        ]
+        kept = {id(v) for v in (*optimizer.variables(), global_step,
+                                *state.variables.values())}
+        model_vars = [v for v in V1.global_variables() if id(v) not in kept]
         checkpoints.warm_start(job.train.warm_start, model_vars, write)
     saver = V1.train.Saver(
         max_to_keep=job.train.max_to_keep,
@@ -71,18 +85,29 @@ def build_training_graph(
     )
     scaffold = V1.train.Scaffold(
         saver=saver,
-        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op),
+        local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op,
+                               feed.initializer),
     )
-    return ops, scaffold, rate
+    return TrainingGraph(ops, scaffold, rate, feed, state)
 
 
-def _build_train_op(job: JobConfig, plan: Plan, features: tf.Tensor, labels: tf.Tensor,
+def data_per_step(job: JobConfig, plan: Plan) -> int:
+    """The positions one advance of the global step moves the data on by: a global batch
+    (train.batch_size) where a step takes every process's part of one (one process,
+    collective, Horovod, synchronous ps/worker: a backup's dropped part is not trained
+    again); in an asynchronous ps/worker job, where each worker's step moves the global
+    step, one worker's part of it."""
+    asynchronous = callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
+    return plan.process_batch_size if asynchronous else job.train.batch_size
+
+
+def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
                     optimizer: V1.train.Optimizer, mode: towers.VariableUpdate,
                     global_step: tf.Variable) -> towers.TrainOps:
     return towers.build_train_op(
         plan.model.model_fn,
-        features,
-        labels,
+        feed.features,
+        feed.labels,
         optimizer,
         plan.devices,
         variable_update=mode,
@@ -93,6 +118,8 @@ def _build_train_op(job: JobConfig, plan: Plan, features: tf.Tensor, labels: tf.
         accumulate_steps=job.train.accumulate_steps,
         xla=job.towers.xla,
         batch_norm=job.towers.batch_norm,
+        positions=feed.positions,  # each example's dropout drawn from (seed, position)
+        seed=job.train.seed,
     )
 
 

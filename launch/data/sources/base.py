@@ -6,9 +6,10 @@ model's input spec (``check``, before anything is written), and the batches one 
 takes (``training_dataset`` for this process, ``eval_dataset``). A subclass says how
 its format does each; ``launch.data.sources`` lists them by name.
 
-Readers: a job of several processes has each read its own share (``shard``: index,
-count), so n readers see disjoint data; a source that reads files gives each reader
-whole files when there are enough of them (``shards_files``), else every n-th example.
+Readers: in a job of several processes each takes its part of every global batch
+(launch.data.position.BatchPart) of the one order every reader computes alike
+(launch.data.order): so each reads the whole data set, and n readers train disjoint
+examples at every step.
 """
 
 from __future__ import annotations
@@ -21,11 +22,21 @@ import tensorflow as tf
 
 from launch.config import DataConfig
 from launch.data.errors import DataError
-from launch.data.formats import PathArg, describe, resolve_files
-from launch.data.skips import SkippedRecords, ordinal
-from launch.data.stream import Pipeline, autotune, files_of_shard, pipeline_options
+from launch.data.formats import PathArg, describe, file_size, resolve_files
+from launch.data.order import EpochOrder
+from launch.data.position import BatchPart
+from launch.data.skips import SkippedRecords
+from launch.data.stream import (
+    Pipeline,
+    array_dataset,
+    autotune,
+    pipeline_options,
+    positioned_arrays,
+)
 from models import InputSpec
 
+# batches: a training stream without end (it ends at train.steps).
+NO_END = 2**62
 # An evaluation of generated data (which has no end) takes eval.steps batches, this
 # many when eval.steps is null.
 GENERATED_EVAL_BATCHES = 20
@@ -69,13 +80,11 @@ class Source:
 
     name: its ``data.source``. generated: made in this process from data.seed
     (synthetic, builtin), not read from files: an evaluation takes a fixed number of
-    its batches. shards_files: a reader's share is whole files when there are at least
-    as many files as readers.
+    its batches.
     """
 
     name: ClassVar[str]
     generated: ClassVar[bool] = False
-    shards_files: ClassVar[bool] = False
 
     def __init__(self, cfg: DataConfig) -> None:
         self.cfg = cfg
@@ -102,25 +111,10 @@ class Source:
         made to the model's spec)."""
         return DataSpec(self.where())
 
-    def reader_line(self, shard: Shard) -> str | None:
-        """What reader ``shard`` reads of a job's files, when it reads a share of them:
-        its files, or every n-th record when there are fewer files than readers."""
-        index, count = shard
-        if count == 1 or not self.shards_files:
-            return None
-        files = self.files()
-        mine = files_of_shard(files, shard)
-        if mine is None:
-            return (f"input: every {ordinal(count)} record of the {len(files)} file(s) of "
-                    f"{self.where()} (reader {index + 1} of {count}; fewer files than readers)")
-        shown = mine if len(mine) <= 4 else [*mine[:3], "...", mine[-1]]
-        return (f"input: {len(mine)} of {len(files)} files (reader {index + 1} of {count}): "
-                f"{', '.join(shown)}")
-
     # ------------------------------------------------------------- its checks
 
-    def check(self, spec: InputSpec, *, training: bool = True, shard: Shard = (0, 1)) -> None:
-        """Whether the data (reader ``shard``'s share of it) can feed ``spec``, without
+    def check(self, spec: InputSpec, *, training: bool = True) -> None:
+        """Whether the data can feed ``spec``, without
         building a graph; DataError, one line, naming the file and record where one is
         bad. The generated sources make data to the spec: nothing to read."""
 
@@ -130,16 +124,21 @@ class Source:
 
     # ------------------------------------------------------------- its batches
 
-    def training_dataset(self, spec: InputSpec, batch_size: int, shard: Shard,
-                         skipped: SkippedRecords | None = None) -> tf.data.Dataset:
-        """This reader's training batches, features [B, ...] and labels [B, ...]: its
-        share, shuffled, repeated until train.steps, or data.epochs times through."""
-        epochs = self.cfg.epochs
-        dataset = self.dataset(spec, batch_size, training=True, repeat=not epochs,
-                               shard=shard, skipped=skipped)
-        if epochs and epochs > 1:
-            dataset = dataset.repeat(epochs)  # each pass shuffled afresh, as repeat() is
-        return dataset
+    def training_dataset(self, spec: InputSpec, part: BatchPart, start: tf.Tensor,
+                         batches: tf.Tensor, skipped: SkippedRecords | None = None
+                         ) -> tf.data.Dataset:
+        """This reader's training batches: its ``part`` of each global batch, the k-th
+        global batch starting at position ``start`` + k * B, for k < ``batches`` (int64
+        scalars; placeholders fed as the iterator starts, launch.data.position).
+
+        Yields features [b, ...], labels [b, ...] and the examples' positions int64 [b]
+        (b = part.size), in the order of launch.data.order, whatever the readers.
+        """
+        p = self._pipeline(part.size, training=True, repeat=False, skipped=skipped)
+        with tf.device("/cpu:0"), tf.name_scope("input"):
+            dataset = self.positioned(spec, p, part, tf.cast(start, tf.int64),
+                                      tf.cast(batches, tf.int64))
+            return dataset.with_options(self._options())
 
     def eval_dataset(self, spec: InputSpec, batch_size: int,
                      skipped: SkippedRecords | None = None) -> tf.data.Dataset:
@@ -156,11 +155,26 @@ class Source:
                 shard: Shard = (0, 1), skipped: SkippedRecords | None = None
                 ) -> tf.data.Dataset:
         """Batches of features [B, *feature_shape] and labels [B, *label_shape], built
-        on /cpu:0 of the default graph. training: the training data, shuffled (and
-        augmented); else the evaluation data in order. Batches are full whenever the
-        stream repeats or ``training`` is set. skipped: where records left out under
+        on /cpu:0 of the default graph. training: the training data from its first
+        position, reader ``shard`` taking its B of every shard[1] * B (one epoch unless
+        ``repeat``); else the evaluation data in order, its last batch holding what is
+        left unless the stream repeats. skipped: where records left out under
         data.on_bad_record: skip are counted (None: nowhere); with ``fail`` they raise
         DataError."""
+        if training:
+            index, count = shard
+            part = BatchPart(batch_size * count, batch_size * index, batch_size)
+            batches = NO_END if repeat else self.examples(spec) // part.global_batch
+            dataset = self.training_dataset(spec, part, 0, batches, skipped)
+            return dataset.map(lambda features, labels, positions: (features, labels))
+        p = self._pipeline(batch_size, training=False, repeat=repeat, skipped=skipped)
+        with tf.device("/cpu:0"), tf.name_scope("input"):
+            batches = self.batches(spec, p).with_options(self._options())
+            return batches.map(lambda features, labels, keys: (features, labels))
+
+    def _pipeline(self, batch_size: int, *, training: bool, repeat: bool,
+                  skipped: SkippedRecords | None) -> Pipeline:
+        """The options every format reads with."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"batch_size must be a positive int, got {batch_size!r}")
         cfg = self.cfg
@@ -168,16 +182,34 @@ class Source:
             skipped = None
         elif skipped is None:
             skipped = SkippedRecords(self.where(training), lambda line: None)
-        p = Pipeline(batch_size, int(cfg.shuffle_buffer),
-                     autotune(cfg.num_parallel_calls, "num_parallel_calls"),
-                     autotune(cfg.prefetch, "prefetch"), int(cfg.seed), bool(training),
-                     bool(repeat), shard, skipped)
-        with tf.device("/cpu:0"), tf.name_scope("input"):
-            threads = None if cfg.threads == "auto" else cfg.threads
-            return self.batches(spec, p).with_options(pipeline_options(threads))
+        return Pipeline(batch_size, int(cfg.shuffle_buffer),
+                        autotune(cfg.num_parallel_calls, "num_parallel_calls"),
+                        autotune(cfg.prefetch, "prefetch"), int(cfg.seed), bool(training),
+                        bool(repeat), skipped)
+
+    def _options(self) -> tf.data.Options:
+        return pipeline_options(None if self.cfg.threads == "auto" else self.cfg.threads)
+
+    def examples(self, spec: InputSpec) -> int:
+        """N, the training examples of an epoch (the positions it numbers)."""
+        raise NotImplementedError
+
+    def identity(self, spec: InputSpec) -> str:
+        """What makes the training data the same data for a resumed job: the source, its
+        files and their sizes (a job resumed on other files starts a new epoch)."""
+        if self.paths() is None:
+            return f"{self.name}: {self.examples(spec)} examples"
+        sizes = [f"{name} {file_size(name)}" for name in self.files()]
+        return f"{self.name}: {'; '.join(sizes)}"
+
+    def positioned(self, spec: InputSpec, p: Pipeline, part: BatchPart, start: tf.Tensor,
+                   batches: tf.Tensor) -> tf.data.Dataset:
+        """The format's training pipeline (training_dataset's batches, with positions)."""
+        raise NotImplementedError
 
     def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
-        """The format's pipeline for the options ``p``."""
+        """The format's evaluation pipeline for the options ``p``: (features, labels,
+        keys) batches, keys int64 [B] saying which examples (unused but by tests)."""
         raise NotImplementedError
 
     def arrays(self, spec: InputSpec, training: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -202,3 +234,31 @@ def generated_batches(steps: int | None) -> tuple[int, str]:
     batches = steps or GENERATED_EVAL_BATCHES
     return batches, "eval.steps" if steps else (
         f"eval.steps is null: {batches} for a generated source")
+
+
+class InMemory(Source):
+    """A source read whole into memory (builtin, npz, csv): its training examples are
+    taken by position from its arrays, in the order launch.data.order.EpochOrder gives
+    (a permutation of all N a epoch; ``shuffle_buffer: 0`` keeps the stored order)."""
+
+    def __init__(self, cfg: DataConfig) -> None:
+        super().__init__(cfg)
+        self._held: dict[InputSpec, tuple[np.ndarray, np.ndarray]] = {}
+
+    def training_arrays(self, spec: InputSpec) -> tuple[np.ndarray, np.ndarray]:
+        """The training examples, read once: features [N, ...], labels [N, ...]."""
+        if spec not in self._held:
+            self._held[spec] = self.arrays(spec, training=True)
+        return self._held[spec]
+
+    def examples(self, spec: InputSpec) -> int:
+        return len(self.training_arrays(spec)[1])
+
+    def positioned(self, spec: InputSpec, p: Pipeline, part: BatchPart, start: tf.Tensor,
+                   batches: tf.Tensor) -> tf.data.Dataset:
+        features, labels = self.training_arrays(spec)
+        order = EpochOrder(len(labels), p.seed, shuffle=p.shuffle_buffer > 0)
+        return positioned_arrays(features, labels, spec, order, part, start, batches, p)
+
+    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
+        return array_dataset(*self.arrays(spec, p.training), spec, p)

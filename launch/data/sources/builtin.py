@@ -7,11 +7,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import tensorflow as tf
 
 from launch.data.errors import DataError
-from launch.data.sources.base import Source, generated_batches
-from launch.data.stream import Pipeline, array_dataset
+from launch.data.sources.base import InMemory, generated_batches
 from models import InputSpec
 
 __all__ = ["MAX_BUILTIN_BYTES", "Builtin", "builtin_arrays"]
@@ -25,19 +23,20 @@ _SUCCESSOR_PROBS = (0.6, 0.25, 0.1, 0.05)  # 3 likely next tokens, then any toke
 _MIN_IMAGE_SIDE = 8
 
 
-class Builtin(Source):
+class Builtin(InMemory):
     """data.num_examples examples of the model's spec, training ones or held-out ones."""
 
     name = "builtin"
     generated = True
 
-    def check(self, spec: InputSpec, *, training: bool = True, shard=(0, 1)) -> None:
+    def check(self, spec: InputSpec, *, training: bool = True) -> None:
         builtin_kind(spec)
 
-    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
-        cfg = self.cfg
-        return array_dataset(*builtin_arrays(spec, cfg.num_examples, cfg.seed, p.training),
-                             spec, p)
+    def examples(self, spec: InputSpec) -> int:
+        return self.cfg.num_examples
+
+    def arrays(self, spec: InputSpec, training: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        return builtin_arrays(spec, self.cfg.num_examples, self.cfg.seed, training)
 
     def eval_batches(self, steps: int | None, batch_size: int) -> tuple[int, str]:
         batches, why = generated_batches(steps)

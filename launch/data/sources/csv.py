@@ -9,24 +9,29 @@ import numpy as np
 import tensorflow as tf
 
 from launch.data.csv_table import (
+    CsvExamples,
     bad_row_error,
     csv_examples,
     label_classes,
     no_examples,
     read_csv,
 )
-from launch.data.sources.base import DataSpec, Shard, Source, as_spec
-from launch.data.stream import Pipeline, array_dataset, files_of_shard, shard_files
+from launch.data.position import BatchPart
+from launch.data.sources.base import DataSpec, InMemory, as_spec
+from launch.data.stream import Pipeline
 from models import InputSpec
 
 
-class Csv(Source):
-    """A reader's share is its files when there are enough of them, else every n-th row.
-    Rows left out under data.on_bad_record: skip are logged and counted as the pipeline
-    is built, once: they are not part of the data set."""
+class Csv(InMemory):
+    """Every file read whole, its rows held in memory. Rows left out under
+    data.on_bad_record: skip are logged and counted as the pipeline is built, once:
+    they are not part of the data set (nor of its positions)."""
 
     name = "csv"
-    shards_files = True
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self._bad: dict[bool, CsvExamples] = {}  # by training: the rows skip left out
 
     def data_spec(self) -> DataSpec:
         """The feature columns give the features' shape, the labels the class count.
@@ -45,23 +50,41 @@ class Csv(Source):
         return DataSpec(self.where(), (len(table.feature_columns),), tf.float32, (), classes,
                         source)
 
-    def check(self, spec: InputSpec, *, training: bool = True, shard: Shard = (0, 1)) -> None:
-        """Every row of this reader's files, naming the first bad one (file, line, column)."""
-        files = self.files(training)
-        csv_examples(files, spec, self.cfg.label_column, self.cfg.feature_columns,
-                     skip=self.skips(), mine=files_of_shard(files, shard))
+    def check(self, spec: InputSpec, *, training: bool = True) -> None:
+        """Every row of every file, naming the first bad one (file, line, column); the
+        training rows are then held for the pipeline (read once)."""
+        if training:
+            self.training_arrays(spec)
+        else:
+            self._examples(spec, training)
+
+    def positioned(self, spec: InputSpec, p: Pipeline, part: BatchPart, start: tf.Tensor,
+                   batches: tf.Tensor) -> tf.data.Dataset:
+        dataset = super().positioned(spec, p, part, start, batches)
+        self._name_skipped(True, p)
+        return dataset
 
     def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
-        files = self.files(p.training)
-        mine, p = shard_files(files, p)
-        examples = csv_examples(files, spec, self.cfg.label_column, self.cfg.feature_columns,
-                                skip=p.skipped is not None, mine=mine)
-        if examples.bad_count:
-            p.skipped.skipped([str(row) for row in examples.bad], examples.bad_count)
-        return array_dataset(examples.features.reshape(-1, *spec.feature_shape),
-                             examples.labels, spec, p)
+        dataset = super().batches(spec, p)
+        self._name_skipped(False, p)
+        return dataset
 
     def arrays(self, spec: InputSpec, training: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """Every good row (under data.on_bad_record: skip the bad ones are left out, and
+        named when the pipeline is built)."""
+        examples = self._examples(spec, training)
+        return as_spec(examples.features.reshape(-1, *spec.feature_shape), examples.labels,
+                       spec)
+
+    def _examples(self, spec: InputSpec, training: bool) -> CsvExamples:
         examples = csv_examples(self.files(training), spec, self.cfg.label_column,
-                                self.cfg.feature_columns, skip=False)
-        return as_spec(examples.features, examples.labels, spec)
+                                self.cfg.feature_columns, skip=self.skips())
+        if examples.bad_count:
+            self._bad[training] = examples
+        return examples
+
+    def _name_skipped(self, training: bool, p: Pipeline) -> None:
+        """The rows left out of the data read for ``training``, logged and counted."""
+        bad = self._bad.get(training)
+        if p.skipped is not None and bad is not None:
+            p.skipped.skipped([str(row) for row in bad.bad], bad.bad_count)

@@ -13,15 +13,14 @@ import tensorflow as tf
 
 from launch.data.errors import DataError
 from launch.data.formats import read_error, single_file
-from launch.data.sources.base import DataSpec, Source, as_spec
-from launch.data.stream import Pipeline, array_dataset
+from launch.data.sources.base import DataSpec, InMemory, as_spec
 from models import InputSpec
 
 NPZ_KEYS = (("features", "labels"), ("x", "y"))
 
 
-class Npz(Source):
-    """Examples [N, ...] of one file; a reader's share is every n-th of them."""
+class Npz(InMemory):
+    """Examples [N, ...] of one file, held in memory."""
 
     name = "npz"
 
@@ -41,12 +40,9 @@ class Npz(Source):
         return DataSpec(name, tuple(features[0][1:]), feature_dtype, tuple(labels.shape[1:]),
                         classes, source if classes is not None else "")
 
-    def check(self, spec: InputSpec, *, training: bool = True, shard=(0, 1)) -> None:
+    def check(self, spec: InputSpec, *, training: bool = True) -> None:
         """The arrays' headers (not the arrays) and every label."""
         check_npz(self.file(training), spec)
-
-    def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
-        return array_dataset(*self.arrays(spec, p.training), spec, p)
 
     def arrays(self, spec: InputSpec, training: bool = True) -> tuple[np.ndarray, np.ndarray]:
         return as_spec(*load_npz(self.file(training), spec), spec)

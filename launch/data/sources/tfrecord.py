@@ -29,6 +29,9 @@ from launch.config import PIXEL_KINDS, ImageConfig
 from launch.data import images
 from launch.data.errors import DataError
 from launch.data.formats import describe, read_error
+from launch.data.position import BatchPart
+from launch.data.record_index import RecordIndex, index_files
+from launch.data.record_order import RecordOrder
 from launch.data.record_schema import (
     LEGACY_LABEL_KEYS,
     RecordSchema,
@@ -38,18 +41,17 @@ from launch.data.record_schema import (
     parse_example_proto,
     record_schema,
 )
+from launch.data.record_stream import ordered_records, part_of_batches
 from launch.data.skips import RecordGaps
-from launch.data.sources.base import DataSpec, Shard, Source
+from launch.data.sources.base import DataSpec, Source
 from launch.data.stream import (
     ORIGIN_FILE,
     Pipeline,
     batched,
     checked_labels,
-    files_of_shard,
     finish_batch,
     interleave_files,
     per_record,
-    shard_files,
 )
 from models import InputSpec
 
@@ -60,11 +62,11 @@ CHECK_RECORDS = 8
 
 class TfRecord(Source):
     """Records laid out as data.schema says: numeric lists, raw pixels or encoded JPEG/PNG
-    images (decoded, augmented and normalised as data.image says). A reader's share is
-    its files when there are enough of them, else every n-th record."""
+    images (decoded, augmented and normalised as data.image says), in the order of
+    launch.data.record_order; every reader reads every file and parses its part."""
 
     name = "tfrecord"
-    shards_files = True
+    _index: RecordIndex | None = None
 
     def data_spec(self) -> DataSpec:
         """data.schema's shapes, dtypes and classes; without one, the first record's."""
@@ -81,21 +83,44 @@ class TfRecord(Source):
             return legacy_schema(spec, first_label_key(files, where))
         return record_schema(self.cfg.schema, spec)
 
-    def check(self, spec: InputSpec, *, training: bool = True, shard: Shard = (0, 1)) -> None:
-        """Every record of this reader's files (CRCs, the schema; images decoded in the
-        first CHECK_RECORDS of each), naming the file and record of a bad one."""
+    def check(self, spec: InputSpec, *, training: bool = True) -> None:
+        """Every record of every file (CRCs, the schema; images decoded in the first
+        CHECK_RECORDS of each), naming the file and record of a bad one."""
         paths, files = self.paths(training), self.files(training)
-        mine = files_of_shard(files, shard) or files
-        check_tfrecord_files(mine, self.record_schema(files, spec, describe(paths, files)),
-                             describe(paths, mine), skip=self.skips())
+        where = describe(paths, files)
+        check_tfrecord_files(files, self.record_schema(files, spec, where), where,
+                             skip=self.skips())
+
+    def index(self) -> RecordIndex:
+        """Where each training record starts (read once: launch.data.record_index)."""
+        if self._index is None:
+            self._index = index_files(self.files())
+        return self._index
+
+    def examples(self, spec: InputSpec) -> int:
+        return self.index().total
 
     def batches(self, spec: InputSpec, p: Pipeline) -> tf.data.Dataset:
-        """The cheap check first (the first record matches the schema), then the files."""
+        """The evaluation records, file after file."""
+        parser = self._parser(spec, p)
+        return parser.batches(interleave_files(parser.files, tf.data.TFRecordDataset), p)
+
+    def positioned(self, spec: InputSpec, p: Pipeline, part: BatchPart, start: tf.Tensor,
+                   batches: tf.Tensor) -> tf.data.Dataset:
+        """The training records in order from ``start``, this reader's part parsed."""
+        parser = self._parser(spec, p)
+        records = ordered_records(RecordOrder(self.index(), p.seed, p.shuffle_buffer),
+                                  start, p)
+        mine = part_of_batches(records, part, start)
+        return parser.batches(mine, p).take(batches)
+
+    def _parser(self, spec: InputSpec, p: Pipeline) -> RecordParser:
+        """The cheap check first (the first record matches the schema), then the parser."""
         files = self.files(p.training)
         where = describe(self.paths(p.training), files)
         schema = self.record_schema(files, spec, where)
         check_first_record(files, schema, where)
-        return tfrecord_dataset(files, schema, spec, self.cfg.image, where, p)
+        return RecordParser(files, schema, spec, self.cfg.image, where, p)
 
 
 def _first_record_spec(files: list[str], where: str) -> DataSpec:
@@ -115,56 +140,63 @@ def _first_record_spec(files: list[str], where: str) -> DataSpec:
     return DataSpec(where, (len(values),), dtype, label_shape)
 
 
-def tfrecord_dataset(files: list[str], schema: RecordSchema, spec: InputSpec,
-                     image_cfg: ImageConfig, where: str, p: Pipeline) -> tf.data.Dataset:
-    """Batches of features [B, *spec.feature_shape] and labels [B, *spec.label_shape]."""
-    files, p = shard_files(files, p)
-    records = interleave_files(files, tf.data.TFRecordDataset, p)
-    opts = images.image_options(image_cfg, schema.shape, p.training) if schema.pixels else None
-    batch = p.batch_size if p.drop_remainder else None
+class RecordParser:
+    """Records -> the model's batches: features [B, *spec.feature_shape], labels
+    [B, *spec.label_shape] and the examples' keys int64 [B] (their positions, which
+    seed their augmentation)."""
 
-    def seed(number: tf.Tensor) -> tf.Tensor:
-        return tf.stack([tf.constant(p.seed, tf.int64), number])
+    def __init__(self, files: list[str], schema: RecordSchema, spec: InputSpec,
+                 image_cfg: ImageConfig, where: str, p: Pipeline):
+        self.files, self.schema, self.spec, self.where = files, schema, spec, where
+        self.seed = p.seed
+        self.opts = images.image_options(image_cfg, schema.shape, p.training) \
+            if schema.pixels else None
+        self.batch = p.batch_size if p.drop_remainder else None
 
-    def labels_of(parsed: dict) -> tf.Tensor:
-        labels = parsed[schema.label]
-        if schema.label_offset:
-            labels -= schema.label_offset
-        return checked_labels(labels, spec, where)
+    def batches(self, records: tf.data.Dataset, p: Pipeline) -> tf.data.Dataset:
+        """(key, origin, record) triples -> batches: a whole batch parsed at once, or
+        each record on its own (images of varying sizes; data.on_bad_record: skip)."""
+        if self.schema.kind == "image" or p.skipped is not None:
+            gaps = RecordGaps(lambda origin: name_record(self.files, self.schema, origin),
+                              p.skipped)
+            return per_record(records, p, self.parse_one, self.finish, gaps)
+        return batched(records, p, self.parse)
 
-    def features_of(parsed: dict) -> tf.Tensor:
-        values = parsed[schema.features]
-        if schema.kind != "uint8":
+    def parse(self, keys: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        parsed = tf.io.parse_example(records, self.schema.parse_spec())
+        return self.finish(keys, self._features(parsed), self._labels(parsed))
+
+    def parse_one(self, key: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        parsed = tf.io.parse_single_example(record, self.schema.parse_spec())
+        features = self._features(parsed)
+        if self.schema.kind == "image":
+            seed = tf.stack([tf.constant(self.seed, tf.int64), key])
+            features = images.decode(features, seed, self.opts)
+        if self.schema.kind == "float":  # a record the up-front check found: left out
+            features = tf.debugging.check_numerics(features, "not a finite number")
+        return features, self._labels(parsed)
+
+    def finish(self, keys: tf.Tensor, features: tf.Tensor, labels: tf.Tensor
+               ) -> tuple[tf.Tensor, ...]:
+        """A parsed batch -> the model's: raw pixels augmented, pixels normalised."""
+        if self.schema.kind == "uint8":
+            features = images.pixels(features, keys, self.seed, self.opts)
+        if self.opts is not None:
+            features = images.normalise(features, self.opts)
+        return (*finish_batch(features, labels, self.spec, self.batch), keys)
+
+    def _labels(self, parsed: dict) -> tf.Tensor:
+        labels = parsed[self.schema.label]
+        if self.schema.label_offset:
+            labels -= self.schema.label_offset
+        return checked_labels(labels, self.spec, self.where)
+
+    def _features(self, parsed: dict) -> tf.Tensor:
+        values = parsed[self.schema.features]
+        if self.schema.kind != "uint8":
             return values
         pixels = tf.io.decode_raw(values, tf.uint8)  # [..., size]: raw bytes of each
-        return tf.reshape(pixels, tf.concat([tf.shape(values), schema.shape], axis=0))
-
-    def finish(number: tf.Tensor, features: tf.Tensor, labels: tf.Tensor) -> tuple:
-        """A parsed batch -> the model's: raw pixels augmented, pixels normalised."""
-        if schema.kind == "uint8":
-            features = images.pixels(features, seed(number), opts)
-        if opts is not None:
-            features = images.normalise(features, opts)
-        return finish_batch(features, labels, spec, batch)
-
-    if schema.kind == "image" or p.skipped is not None:
-        def parse_one(number: tf.Tensor, record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            parsed = tf.io.parse_single_example(record, schema.parse_spec())
-            features = features_of(parsed)
-            if schema.kind == "image":
-                features = images.decode(features, seed(number), opts)
-            if schema.kind == "float":  # a record the up-front check found: left out
-                features = tf.debugging.check_numerics(features, "not a finite number")
-            return features, labels_of(parsed)
-
-        gaps = RecordGaps(lambda origin: name_record(files, schema, origin), p.skipped)
-        return per_record(records, p, p.shuffle_buffer, parse_one, finish, gaps)
-
-    def parse(number: tf.Tensor, pairs: tuple) -> tuple[tf.Tensor, tf.Tensor]:
-        parsed = tf.io.parse_example(pairs[1], schema.parse_spec())
-        return finish(number, features_of(parsed), labels_of(parsed))
-
-    return batched(records, p, p.shuffle_buffer, parse)
+        return tf.reshape(pixels, tf.concat([tf.shape(values), self.schema.shape], axis=0))
 
 
 # ------------------------------------------------------------------ up-front checks

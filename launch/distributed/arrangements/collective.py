@@ -190,8 +190,9 @@ def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], Non
         server = start_server(task, plan.session, write)
         wait_for_peers(peers(task), job.cluster.startup_timeout_secs, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
-              f"{plan.process_batch_size} of every {job.train.batch_size} examples, data shard "
-              f"{task.worker_rank}; no ps tasks: variables on every worker, gradients "
+              f"{plan.process_batch_size} examples of every global batch of {job.train.batch_size} "
+              f"(part {task.worker_rank + 1} of {task.num_workers}); no ps tasks: variables on "
+              "every worker, gradients "
               f"all-reduced by collective ops ({group.communication})")
         role = CollectiveRole(job, task, server, group)
         try:

@@ -82,7 +82,8 @@ class JobEndHook(V1.train.SessionRunHook):
         release = [release_tokens] if release_tokens is not None else []
         self._sizes = {"stop": stop.size(), "diverged": diverged.size()}
         self._which_diverged = diverged.dequeue()
-        self._signal_stop = tf.group(stop.enqueue_many(tf.zeros([everyone], tf.int32)), *release)
+        self._signal_stop = stop.enqueue_many(tf.zeros([everyone], tf.int32))
+        self._release = tf.group(*release)
         ranks = tf.fill([everyone], tf.constant(task.worker_rank, tf.int32))
         self.signal_diverged = tf.group(diverged.enqueue_many(ranks), *release)
         self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged, final)]
@@ -117,6 +118,17 @@ class JobEndHook(V1.train.SessionRunHook):
                         "stopping every worker of the job")
         if self._task.is_chief or out_of_data:
             session.run(self._signal_stop)
+            release_tokens(session, self._release)
+
+
+def release_tokens(session, release: tf.Operation) -> None:
+    """Wake the workers blocked on their next sync token, so they see the stop. A token
+    queue already closed (the chief closes it as its session stops) has nobody left to
+    wake: every worker's step then ends, and the stop queue tells it why."""
+    try:
+        session.run(release)
+    except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+        pass
 
 
 def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None:

@@ -38,8 +38,13 @@ def _first_batch(section: dict, spec) -> np.ndarray:
 
 def test_every_file_input_holds_the_models_images(sections):
     spec = input_spec_of(SETTINGS)
-    assert set(sections) == {"synthetic", "tfrecord float", "tfrecord raw", "jpeg"}
+    assert set(sections) == {"synthetic", "npz", "csv", "tfrecord float", "tfrecord raw", "jpeg"}
     floats = _first_batch(sections["tfrecord float"], spec)
+    npz, csv = (_first_batch(sections[name], spec) for name in ("npz", "csv"))
+    assert np.allclose(npz, csv, atol=1e-5)  # the same pixels, held in memory
+    # the TFRecords stripe the examples over their files: the same images, in another order
+    assert np.allclose(np.sort(npz.sum(axis=(1, 2, 3))), np.sort(floats.sum(axis=(1, 2, 3))),
+                       atol=1e-3)
     raw = _first_batch(sections["tfrecord raw"], spec)
     jpeg = _first_batch(sections["jpeg"], spec)
     assert floats.shape == raw.shape == jpeg.shape == (64, 28, 28, 1)
@@ -49,7 +54,7 @@ def test_every_file_input_holds_the_models_images(sections):
 
 # the synthetic input is timed with the model only: alone it costs nothing
 @pytest.mark.parametrize("name, pipeline_only", [
-    ("synthetic", False), ("tfrecord raw", False), ("jpeg", False),
+    ("synthetic", False), ("npz", False), ("csv", False), ("tfrecord raw", False), ("jpeg", False),
     ("tfrecord raw", True), ("jpeg", True)])
 def test_rows_build_and_run(sections, name, pipeline_only):
     case = build_input_case({"model": "convnet", "params": SMALL, "batch": 16, "devices": 1,

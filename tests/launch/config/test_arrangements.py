@@ -6,7 +6,7 @@ import pytest
 from helpers.commands import run_in_process
 
 from launch.config import ConfigError, choose, from_dict, load_job
-from launch.config.arrangements import CollectiveRules, HorovodRules, PsWorkerRules
+from launch.config.arrangements import CollectiveRules, PsWorkerRules
 
 
 @pytest.mark.parametrize("backend, command, cluster, chosen", [
@@ -56,8 +56,6 @@ REFUSALS = [
                                                         "job (no ps tasks)"),
     ("collective", "train.backup_workers=1", "has no backup workers"),
     ("collective", "towers.batch_norm=sync", "not available in a collective job (no ps tasks)"),
-    ("collective", "data.epochs=1", "not available in a collective job (no ps tasks)"),
-    ("horovod", "data.epochs=1", "not available with horovod"),
     ("horovod", "towers.gradient_dtype=bfloat16", "Horovod has no bfloat16 all-reduce"),
     ("horovod", "towers.devices=[/cpu:0]", "a count of devices per rank (or auto), not a list"),
 ]
@@ -74,24 +72,22 @@ def test_what_an_arrangement_refuses_is_one_line_naming_the_key(backend, setting
 
 
 def test_a_rule_two_arrangements_share_is_stated_once():
-    """Processes that step together cannot end their data apart, workers in sessions of
-    their own share no batch statistics: one text each, naming the arrangement."""
+    """Workers in sessions of their own share no batch statistics: one text, naming the
+    arrangement."""
     def message(backend, setting):
         with pytest.raises(ConfigError) as raised:
             load_job(None, [setting, f"cluster.backend={backend}"])
         return raised.value.message
 
-    for setting, (a, b) in [("data.epochs=1", (CollectiveRules, HorovodRules)),
-                            ("towers.batch_norm=sync", (PsWorkerRules, CollectiveRules))]:
+    for setting, (a, b) in [("towers.batch_norm=sync", (PsWorkerRules, CollectiveRules))]:
         texts = [message(rules.name, setting).replace(rules.where, "IN") for rules in (a, b)]
         assert texts[0] == texts[1]
 
 
 @pytest.mark.parametrize("ps, setting, refusal", [
-    ("0", "data.epochs=1",
-     "data.epochs: not available in a collective job (no ps tasks): its processes step "
-     "together and their shares of the data may end at different steps, leaving the others "
-     "waiting for ever; leave it unset and bound the job with train.steps"),
+    ("0", "train.backup_workers=1",
+     "train.backup_workers: a collective job (no ps tasks) steps every worker together and "
+     "has no backup workers; set it to 0, or add ps tasks"),
     ("1", "towers.batch_norm=sync",
      "towers.batch_norm: sync is not available in ps/worker jobs: the workers do not share "
      "batch statistics"),

@@ -327,28 +327,3 @@ def test_a_changed_file_is_read_again(tmp_path):
     check_source("csv", TABLE, str(path))
     write_table(path, rows=10, spoil={7: with_cell(path, 7, 0, "")})
     assert "line 9, column 'x0': the cell is blank" in _error(path)
-
-
-def test_readers_take_their_own_files_when_there_are_enough(graph, tmp_path):
-    for index in range(3):
-        write_table(tmp_path / f"part-{index}.csv", rows=6, seed=index)
-    glob = str(tmp_path / "part-*.csv")
-    shares = [_read(make_dataset("csv", TABLE, 4, path=glob, training=False, repeat=False,
-                                 shard=(i, 2))) for i in range(2)]
-    assert [len(labels) for _, labels in shares] == [12, 6]  # files 0 and 2, file 1
-    fourths = [_read(make_dataset("csv", TABLE, 2, path=glob, training=False, repeat=False,
-                                  shard=(i, 4))) for i in range(4)]
-    # 4 readers, 3 files: every 4th row of every file
-    assert [len(labels) for _, labels in fourths] == [5, 5, 4, 4]
-
-
-def test_a_readers_files_are_checked_even_when_others_have_more_bad_rows(tmp_path):
-    write_table(tmp_path / "a.csv", rows=30)
-    write_table(tmp_path / "a.csv", rows=30,
-                spoil={row: with_cell(tmp_path / "a.csv", row, 0, "") for row in range(15)})
-    write_table(tmp_path / "b.csv", rows=30)
-    write_table(tmp_path / "b.csv", rows=30, spoil={20: with_cell(tmp_path / "b.csv", 20, 1, "")})
-    glob = str(tmp_path / "*.csv")
-    message = _error(glob, shard=(1, 2))  # the reader of b.csv alone
-    assert message.startswith(f"{tmp_path / 'b.csv'}: line 22, column 'x1': the cell is blank "
-                              "(1 bad row;")

@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from launch.config import from_dict
 from launch.data import (
     DataError,
     builtin_arrays,
     check_source,
     input_tensors,
     make_dataset,
-    source_of,
 )
 from launch.data.converters import convert_arrays, shard_names
 from models import InputSpec
@@ -370,12 +368,3 @@ def test_bad_arguments():
         make_dataset("synthetic", SMALL, 0)
     with pytest.raises(DataError, match="num_parallel_calls"):
         make_dataset("synthetic", SMALL, 4, num_parallel_calls=-3)
-
-
-@pytest.mark.parametrize("readers, said", [(2, "every 2nd record"), (3, "every 3rd record")])
-def test_a_reader_of_a_share_of_one_file_is_told_which_records(tmp_path, readers, said):
-    (tmp_path / "one.tfrecord").write_bytes(b"")  # what the line says needs only its name
-    job = from_dict({"data": {"source": "tfrecord", "path": str(tmp_path / "one.tfrecord")}})
-    line = source_of(job.data).reader_line((1, readers))
-    assert line.startswith(f"input: {said} of the 1 file(s) of ")
-    assert f"(reader 2 of {readers}; fewer files than readers)" in line

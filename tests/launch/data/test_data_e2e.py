@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
-from helpers.commands import Cluster, last_json, ok, run_towers
+from helpers.commands import ok, run_towers
 from helpers.data_files import (
     class_images,
     encode,
@@ -91,44 +91,3 @@ def test_a_bad_record_mid_run_fails_the_job_in_one_line(runs):
     assert "Traceback" not in fail.stderr and len(lines) == 1
     assert lines[0].endswith(f"{runs['bad_path']}: record 20: 'image/encoded' does not decode "
                              "as an image (data.on_bad_record: skip leaves such records out)")
-
-
-def four_files_one_spoilt(tmp_path):
-    """Four ImageNet-layout files of 8 records; file 3's first record is a truncated
-    JPEG, which the up-front check of every file a worker reads finds. Files 1 and 3
-    go to worker 1."""
-    images, labels = class_images(32, size=12)
-    files = []
-    for index in range(4):
-        maps = [image_feature_map(encode(image), int(label)) for image, label in
-                zip(images[index::4], labels[index::4], strict=True)]
-        if index == 3:
-            maps[0] = image_feature_map(encode(images[0])[:60], 0)
-        files.append(write_examples(tmp_path / f"part-{index}.tfrecord", maps))
-    return files
-
-
-def test_ps_workers_check_and_read_only_their_own_files(tmp_path):
-    """Worker 0 never opens file 3, so it trains to the end; worker 1 checks it before
-    training and stops on it. Neither outcome depends on how fast either runs."""
-    files = four_files_one_spoilt(tmp_path)
-    settings = {"model.name": "convnet", "model.image_size": 12, "model.channels": 3,
-                "model.num_classes": 3, "model.filters": "[4]", "model.dense_units": 8,
-                "data.source": "tfrecord", "data.path": str(tmp_path / "part-*.tfrecord"),
-                "data.schema": "imagenet", "towers.devices": 1, "train.batch_size": 8,
-                "train.steps": 6, "cluster.shutdown_grace_secs": 2}
-    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    cluster = Cluster(tmp_path, args, workers=2, ps=1)
-    try:
-        ps = cluster.start("ps", "ps", 0)
-        chief, other = (cluster.start(f"worker{i}", "worker", i) for i in range(2))
-        assert other.wait(timeout=240) == 2, other.stderr[-3000:]
-        assert chief.wait(timeout=240) == 0, chief.stderr[-3000:]
-        assert ps.wait(timeout=120) == 0, ps.stderr[-3000:]
-        chief_log, other_log, result = chief.stderr, other.stderr, last_json(chief.stdout)
-    finally:
-        cluster.stop()
-    assert f"input: 2 of 4 files (reader 1 of 2): {files[0]}, {files[2]}" in chief_log
-    assert result["global_step"] >= 6
-    errors = [line for line in other_log.splitlines() if line.startswith("towers: error")]
-    assert len(errors) == 1 and f"{files[3]}: record 0" in errors[0], other_log[-3000:]

@@ -91,7 +91,8 @@ def test_without_augment_training_takes_the_centre_crop(graph):
 def test_random_boxes_have_the_asked_area_and_ratio(graph):
     opts = _options((32, 32, 3), training=True, crop_area=(0.2, 0.5),
                     aspect_ratio=(0.75, 4 / 3))
-    boxes = _run(random_boxes(tf.constant(2000), tf.constant([3, 4], tf.int64), opts))
+    draws = tf.random.stateless_uniform([2000, 4], tf.constant([3, 4], tf.int64))
+    boxes = _run(random_boxes(draws, opts))
     height, width = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
     assert boxes.min() >= 0 and boxes.max() <= 1 + 1e-6
     assert np.all((height * width >= 0.2 - 1e-5) & (height * width <= 0.5 + 1e-5))
@@ -101,20 +102,23 @@ def test_random_boxes_have_the_asked_area_and_ratio(graph):
 
 def test_raw_pixels_batch(graph):
     batch = np.stack([_gradient(8, 8)] * 6)
-    seed = tf.constant([0, 7], tf.int64)
-    same = _run(pixels(tf.constant(batch), seed, _options((8, 8, 3), eval_crop=1.0)))
+    positions = tf.range(40, 46, dtype=tf.int64)
+    same = _run(pixels(tf.constant(batch), None, 7, _options((8, 8, 3), eval_crop=1.0)))
     assert np.array_equal(same, batch.astype(np.float32))
-    centre = _run(pixels(tf.constant(batch), seed, _options((8, 8, 3), eval_crop=0.5)))
+    centre = _run(pixels(tf.constant(batch), None, 7, _options((8, 8, 3), eval_crop=0.5)))
     red = centre[0, 4, :, 0]  # the central half, stretched over all 8 columns
     assert centre.shape == batch.shape and np.all(np.diff(red) > 0)
     assert 50 < red[0] < 80 and 175 < red[-1] < 205
     opts = _options((8, 8, 3), training=True, crop_area=(1.0, 1.0), aspect_ratio=(1.0, 1.0))
-    out = _run(pixels(tf.constant(batch), seed, opts))
+    out = _run(pixels(tf.constant(batch), positions, 7, opts))
     expected = batch.astype(np.float32)
     flipped = [np.array_equal(o, b[:, ::-1]) for o, b in zip(out, expected, strict=True)]
     kept = [np.allclose(o, b) for o, b in zip(out, expected, strict=True)]
     assert all(f or k for f, k in zip(flipped, kept, strict=True))
     assert any(flipped) and any(kept)
+    # an example's crop and flip are its position's: the same in any batch that holds it
+    alone = _run(pixels(tf.constant(batch[2:4]), positions[2:4], 7, opts))
+    assert np.array_equal(alone, out[2:4])
 
 
 def test_normalise_per_channel(graph):

@@ -392,26 +392,3 @@ def test_model_errors_are_not_taken_for_data_errors(graph):
     with pytest.raises(tf.errors.InvalidArgumentError), input_errors("data"), \
             tf.compat.v1.Session() as session:
         session.run(tf.debugging.assert_equal(1, 2))
-
-
-# ------------------------------------------------------------------------ sharding
-
-
-def test_readers_read_only_their_own_files_when_there_are_enough(graph, tmp_path):
-    files = []
-    for index in range(4):  # file i holds labels i only
-        images, _ = class_images(5, size=8, seed=index)
-        files.append(write_imagenet_records(tmp_path / f"f{index}.tfrecord", images,
-                                            np.full(5, index % 3)))
-    spec = InputSpec((8, 8, 3), tf.float32, (), tf.int32, 3)
-    cfg = _data("source=tfrecord", f"path={tmp_path / 'f*.tfrecord'}", "schema=imagenet")
-    seen = {}
-    for index in range(2):
-        batches = _batches(_dataset(cfg, spec=spec, batch=5, shard=(index, 2), training=True,
-                                    repeat=False))
-        seen[index] = sorted(np.concatenate([y for _, y in batches]).tolist())
-    assert seen == {0: [0] * 5 + [2] * 5, 1: [0] * 5 + [1] * 5}  # files 0, 2 and 1, 3
-    three = [sorted(np.concatenate([y for _, y in _batches(_dataset(
-        cfg, spec=spec, batch=1, shard=(i, 5), training=True, repeat=False))]).tolist())
-        for i in range(5)]  # 5 readers, 4 files: every reader takes every 5th record
-    assert sum(len(part) for part in three) == 20 and all(len(part) == 4 for part in three)

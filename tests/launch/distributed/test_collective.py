@@ -73,15 +73,24 @@ def test_two_then_three_workers_match_one_process_and_resume_across_modes(tmp_pa
     assert tf.train.latest_checkpoint(str(collective)).endswith("model.ckpt-4")
     assert_same_variables(single, collective, initial)
 
+    # Then on 512 rows in a shuffled order, 2 passes (data.epochs): other data than the
+    # checkpoint's, so both count its first pass as done and end with the next, at step
+    # 4 + 512 / 64 = 12, having trained the same examples at every step.
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "rows.npz", features=rng.normal(size=(512, 784)).astype(np.float32),
+             labels=rng.integers(0, 10, size=512))
+    rows = ["--set", "data.source=npz", "--set", f"data.path={tmp_path / 'rows.npz'}",
+            "--set", "data.shuffle_buffer=512", "--set", "data.epochs=2",
+            "--set", "train.steps=100", "--set", "train.batch_size=64"]
     at_four = checkpoint_variables(collective, "mlp/")
     single_again = tmp_path / "single_again"
     shutil.copytree(collective, single_again)  # one process resumes what the workers wrote
-    in_process(single_again, "--set", "train.steps=5", "--set", "towers.devices=6",
-               "--set", "train.batch_size=64")
-    collective_job(tmp_path, "three", collective, 3, "--set", "train.steps=5",
-                   "--set", "towers.devices=2", "--set", "train.batch_size=64",
-                   "--set", "train.accumulate_steps=2",
-                   "--set", "towers.pack_gradients_bytes=1024")
+    assert in_process(single_again, *rows, "--set", "towers.devices=6")["global_step"] == 12
+    outputs = collective_job(tmp_path, "three", collective, 3, *rows,
+                             "--set", "towers.devices=2", "--set", "train.accumulate_steps=2",
+                             "--set", "towers.pack_gradients_bytes=1024")
+    assert all('"global_step": 12' in out and '"stopped_by": "end of data"' in out
+               for out in outputs.values()), outputs
     assert_same_variables(single_again, collective, at_four)
 
 

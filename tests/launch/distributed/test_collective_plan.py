@@ -49,7 +49,6 @@ def test_a_tfjob_without_ps_is_a_collective_job():
 
 @pytest.mark.parametrize("setting, key", [
     ("train.backup_workers=1", "train.backup_workers"),
-    ("data.epochs=1", "data.epochs"),
     ("towers.variable_update=replicated", "towers.variable_update"),
     ("towers.batch_norm=sync", "towers.batch_norm"),
 ])

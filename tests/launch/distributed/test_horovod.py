@@ -194,8 +194,9 @@ def test_a_nan_on_one_rank_stops_every_rank_with_status_3_and_a_clean_checkpoint
     from helpers.checkpoints import assert_nothing_lost
     from helpers.faults import job, poisoned_csv
 
-    # Global batch 16, 8 a rank: rank 1 reads the odd rows, and the NaN of step 25
-    # is in row 387. The job-wide gradient norm is NaN on both ranks, so both stop.
+    # Global batch 16, 8 a rank: one rank's part of step 25 holds its marked example,
+    # whose gradient is NaN (helpers/diverging_model.py). The job-wide gradient norm is
+    # then NaN on both ranks, so both stop.
     ckpt = tmp_path / "ckpt"
     result = horovodrun(2, "train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]),
                         "--backend", "horovod")

@@ -28,7 +28,11 @@ import pytest
 import tensorflow as tf
 from helpers.checkpoints import assert_nothing_lost, latest_step
 from helpers.commands import ROOT, Process, last_json, last_logged, saved_steps, wait_until
+from helpers.diverging_model import MARK
+from helpers.faults import diverging_model
 from helpers.net_hosts import HostJob
+
+from launch.data.position import DataProgress
 
 pytestmark = pytest.mark.e2e
 
@@ -87,14 +91,18 @@ def stop_all_at_once(tasks: dict[str, Process]) -> float:
 
 
 def npz_data(path, rows: int, poisoned_row: int | None = None) -> list[str]:
-    """mlp-shaped data read in order, optionally with one NaN."""
+    """mlp-shaped data read in order; with a poisoned row, one marked example and the
+    model that diverges at its step (helpers/diverging_model.py)."""
     rng = np.random.default_rng(1)
     features = rng.normal(size=(rows, 784)).astype(np.float32)
     labels = rng.integers(0, 10, size=rows).astype(np.int32)
+    model = []
     if poisoned_row is not None:
-        features[poisoned_row, 5] = np.nan
+        features[poisoned_row, 5] = MARK
+        model = diverging_model("--set", "model.input_dim=784", "--set", "model.num_classes=10",
+                                "--set", "model.hidden_units=[16]")
     np.savez(path, features=features, labels=labels)
-    return ["--set", "data.source=npz", "--set", f"data.path={path}"]
+    return ["--set", "data.source=npz", "--set", f"data.path={path}", *model]
 
 
 def failures(tasks: dict[str, Process]) -> dict[str, str]:
@@ -238,7 +246,7 @@ def sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life: Life, saved: i
     resumed = time.monotonic() - restarted
     assert saved_steps(chief.stderr)[0] == saved - 20  # passed over; 2 -> 3 workers
     assert f"model.ckpt-{saved} cannot be restored" in chief.stderr
-    assert "21 of every 64 examples, data shard 2" in job.tasks["worker2"].stderr
+    assert "21 examples of every global batch of 64 (part 3 of 3)" in job.tasks["worker2"].stderr
 
     before, stalled = last_logged(chief.stderr), last_logged(worker1.stderr)
     restored = cut_for(life.host("worker1"), 4)
@@ -314,7 +322,7 @@ def async_run_losing_a_worker_then_its_ps(life: Life, resumed: int) -> int:
 
 
 def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: int) -> int:
-    """Three asynchronous workers; worker 2's first batch holds a NaN. Every worker
+    """Three asynchronous workers; worker 2's first batch holds a marked example. Every worker
     stops with status 3, also when that happens while the chief is still starting; the
     chief saves nothing once it has heard, so its last checkpoint, finite, is the
     latest. Returns its step."""
@@ -337,19 +345,31 @@ def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: in
     return good
 
 
+def passes_done(ckpt, step: int) -> int:
+    """The passes over its data the checkpoint's job had begun by ``step``."""
+    reader = tf.train.load_checkpoint(str(ckpt))
+    base = {f: int(reader.get_tensor(f"towers_data/{f}"))
+            for f in ("base_step", "base_position", "batch_size", "num_examples")}
+    return -(-DataProgress(**base).position(step) // base["num_examples"])
+
+
 def run_that_ends_with_its_data(life: Life, good: int) -> int:
-    """Two synchronous workers, one pass over data whose shards are uneven: worker 1
-    has 15 batches, the chief 16. The job ends when worker 1's data does. Returns its
-    last step."""
+    """Two synchronous workers resumed on other data (1,023 rows): the pass under way
+    counts as done, and the next, in whole global batches of 64, ends the job at step
+    good + 15 for both workers, exit 0. Returns its last step."""
     drained = npz_data(life.tmp_path / "finite.npz", 1023)
-    job = life.run("drain", ["--set", "train.sync=true", *drained, "--set", "data.epochs=1",
+    epochs = passes_done(life.ckpt, good) + 1
+    job = life.run("drain", ["--set", "train.sync=true", *drained,
+                             "--set", f"data.epochs={epochs}",
                              "--set", f"train.steps={good + 100}"], workers=2)
     assert set(job.codes(timeout=240).values()) == {0}, failures(job.tasks)
     assert saved_steps(job.tasks["worker0"].stderr)[0] == good  # 3 -> 2: restored
-    assert "worker rank 1 ran out of data" in job.tasks["worker1"].stderr
+    assert f"counts as done, and training goes on at the start of epoch {epochs}" in \
+        job.tasks["worker0"].stderr
+    for task in ("worker0", "worker1"):
+        assert f"pass(es) over the data done at step {good + 15}" in job.tasks[task].stderr
     assert latest_step(life.ckpt) == good + 15
-    life.report.append(f"one pass over uneven shards: the job ended at step {good + 15}, "
-                       "when worker 1's data did")
+    life.report.append(f"a pass over other data: both workers ended at step {good + 15}")
     return good + 15
 
 

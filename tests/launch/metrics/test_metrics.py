@@ -445,6 +445,9 @@ def test_the_examples_counter_is_steps_times_the_global_batch(training):
     final = training.scrapes[-1]
     assert value(final, "towers_examples_total") == training.result["global_step"] * BATCH
     assert value(final, "towers_step_seconds_count") == training.result["global_step"]
+    # where the data stands, as the result says it (the positions the steps took)
+    assert value(final, "towers_examples_trained") == training.result["examples_trained"] > 0
+    assert value(final, "towers_data_epoch") == pytest.approx(training.result["epoch"])
 
 
 @pytest.mark.e2e

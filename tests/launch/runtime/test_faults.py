@@ -15,11 +15,13 @@ import subprocess
 import time
 
 import pytest
-from helpers.checkpoints import assert_nothing_lost
+from helpers.checkpoints import assert_nothing_lost, checkpoint_variables
 from helpers.commands import Cluster, Process, last_json, ok, run_towers, saved_steps
-from helpers.faults import job, poisoned_csv
+from helpers.faults import job, overrides, poisoned_csv, rows_with_dropout
 
+from launch.config import load_job
 from launch.distributed.local_cluster import free_ports
+from launch.runtime.train import train
 
 pytestmark = pytest.mark.e2e  # every test here starts processes
 
@@ -36,8 +38,9 @@ def assert_one_clear_line(result, *phrases):
 
 def test_nan_gradient_stops_the_job_with_status_3_and_the_last_good_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # The NaN feature leaves the loss finite (ReLU maps NaN to 0) but not the gradient:
-    # a loss-only check (NanTensorHook) would let this update through.
+    # The marked example of step 25 leaves the loss finite but not the gradient
+    # (helpers/diverging_model.py): a loss-only check (NanTensorHook) would let this
+    # update through.
     result = run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]))
     assert result.returncode == DIVERGED, result.stderr[-3000:]
     assert_one_clear_line(result, "training diverged", "non-finite", "model.ckpt-20")
@@ -88,9 +91,22 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores
 
 # --- preemption ---------------------------------------------------------------------------
 
+def assert_as_if_never_stopped(tmp_path, args, ckpt):
+    """The resumed job's weights are within 1e-5 of the same job's run straight through
+    (here, in this process): it went on at the next example with the same masks."""
+    straight = tmp_path / "straight"
+    cfg = load_job(None, [*overrides(args), f"train.checkpoint_dir={straight}"])
+    ran = train(cfg, write=lambda line: None)
+    assert ran["steps_run"] == ran["global_step"] == cfg.train.steps  # from step 0
+    expected, got = checkpoint_variables(straight), checkpoint_variables(ckpt)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert abs(got[name] - value).max() <= 1e-5, name
+
+
 def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, 200))
+    ckpt, rows = tmp_path / "ckpt", rows_with_dropout(tmp_path / "rows.npz")
+    trainer = Process(tmp_path, "trainer", "train", *job(ckpt, 10**7, 200, *rows))
     try:
         trainer.wait_for(r"saved checkpoint at step [1-9]\d*")
         trainer.proc.send_signal(signal.SIGTERM)
@@ -105,9 +121,11 @@ def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_pat
     summary = last_json(trainer.stdout)
     assert summary["stopped_by"] == "signal"
     assert assert_nothing_lost(ckpt, reported[-1]) == summary["global_step"] >= reported[-1]
-    resumed = run_towers("train", *job(ckpt, summary["global_step"] + 20, 200))
+    args = job(ckpt, summary["global_step"] + 20, 200, *rows)
+    resumed = run_towers("train", *args)
     assert ok(resumed)["global_step"] == summary["global_step"] + 20
     assert saved_steps(resumed.stderr)[0] == summary["global_step"]
+    assert_as_if_never_stopped(tmp_path, args, ckpt)
     print(f"stopped {took:.1f} s after SIGTERM at step {summary['global_step']}")
 
 
@@ -136,8 +154,8 @@ def test_a_second_trainer_on_a_directory_in_use_exits_2_naming_the_first_and_wri
 
 
 def test_a_trainer_killed_with_sigkill_does_not_hold_the_directory_for_its_restart(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    first = Process(tmp_path, "first", "train", *job(ckpt, 10**7, 20))
+    ckpt, rows = tmp_path / "ckpt", rows_with_dropout(tmp_path / "rows.npz")
+    first = Process(tmp_path, "first", "train", *job(ckpt, 10**7, 20, *rows))
     try:
         first.wait_for(r"saved checkpoint at step [1-9]\d*")
         os.kill(first.proc.pid, signal.SIGKILL)
@@ -146,7 +164,8 @@ def test_a_trainer_killed_with_sigkill_does_not_hold_the_directory_for_its_resta
         first.stop()
     saved = assert_nothing_lost(ckpt, saved_steps(first.stderr)[-1])  # it may have saved more
     assert (ckpt / ".towers.lock").exists()  # left behind, naming the dead process
-    resumed = run_towers("train", *job(ckpt, saved + 100, 20))
+    args = job(ckpt, saved + 100, 20, *rows)
+    resumed = run_towers("train", *args)
     # A checkpoint the kill cut off between its files and the state file is complete, and
     # the restart takes it: it resumes at `saved` or later, never earlier.
     start = int(re.search(r"resuming from \S+ at step (\d+)", resumed.stderr).group(1))
@@ -154,6 +173,7 @@ def test_a_trainer_killed_with_sigkill_does_not_hold_the_directory_for_its_resta
     assert ok(resumed)["global_step"] == max(start, saved + 100)
     assert saved_steps(resumed.stderr)[0] == start
     assert not (ckpt / ".towers.lock").exists()
+    assert_as_if_never_stopped(tmp_path, args, ckpt)
 
 
 # --- resources ----------------------------------------------------------------------------

@@ -77,6 +77,6 @@ def test_the_jobs_pack_size_reaches_the_reduction_across_processes_and_not_the_p
 ])
 def test_the_global_step_is_where_the_update_mode_keeps_it(graph, towers_cfg, step_device):
     job = from_dict({**SMALL, "towers": {"devices": 2, **towers_cfg}})
-    ops, _, _ = build_training_graph(job, make_plan(job))
+    ops = build_training_graph(job, make_plan(job)).ops
     assert ops.global_step.device == step_device
     assert tf.compat.v1.train.get_global_step() is ops.global_step

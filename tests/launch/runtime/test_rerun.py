@@ -48,7 +48,8 @@ def test_a_resumed_run_says_where_it_resumed(tmp_path):
     run(ckpt, 5, [])
     lines = []
     assert run(ckpt, 8, lines)["steps_run"] == 3
-    assert f"resuming from {ckpt}/model.ckpt-5 at step 5" in lines
+    # 5 steps of 16 examples of 64: the 80th example, the 16th of the second pass
+    assert f"resuming from {ckpt}/model.ckpt-5 at step 5: epoch 2, example 16 of 64" in lines
     assert not [line for line in lines if line.startswith("resuming")][1:]
 
 
@@ -61,7 +62,8 @@ def test_a_run_that_ends_with_its_data_says_why(tmp_path):
     ended = run(tmp_path / "ckpt", 100, lines, {"source": "npz", "path": str(path),
                                                  "epochs": 2})
     assert ended["stopped_by"] == "end of data"
-    step = ended["global_step"]
-    assert 0 < step < 100
-    assert (f"data.epochs: 2 pass(es) over the data done at step {step} of 100; training "
-            "ends there") in lines
+    # 2 passes over 40 examples laid end to end: 5 batches of 16
+    assert ended["global_step"] == 5 and ended["epoch"] == 2.0
+    assert ended["examples_trained"] == 80
+    assert ("data.epochs: 2 pass(es) over the data done at step 5 (train.steps 100); "
+            "training ends there") in lines

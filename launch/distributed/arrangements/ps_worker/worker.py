@@ -44,8 +44,8 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
         server = start_server(task, plan.session, write)
         wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
-              f"{plan.process_batch_size} of every {job.train.batch_size} examples, data shard "
-              f"{task.worker_rank}")
+              f"{plan.process_batch_size} examples of every global batch of {job.train.batch_size} "
+              f"(part {task.worker_rank + 1} of {task.num_workers})")
         with _watching_ps(task, job, write), _quiet_queue_runner(task, job):
             role = WorkerRole(job, task, server, plan.session, write, exporter)
             return _train(job, task, plan, role, exporter, write)

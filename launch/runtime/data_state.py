@@ -1,0 +1,180 @@
+"""The data position as training state: variables saved with the model, and the hook that
+starts each session's input where they say.
+
+What a checkpoint keeps of the data (``towers_data/*``, int64 scalars beside the global
+step): the base of launch.data.position.DataProgress (base_step, base_position,
+batch_size, num_examples) and what the data was (data.seed, a hash of its files and
+their sizes). A session starts its input at the position of the global step it starts
+at, so a resume, on any number of towers, workers or ranks, continues at the next
+example. A resumed job whose train.batch_size changed continues at the same example;
+one whose data changed (files, their number of examples, data.seed) counts the epoch
+under way as done and starts the next, and says so. The process that owns its copy of
+the variables (``rebases``: the chief, each collective worker, each Horovod rank, each
+with the same values) writes the new base before its first step; a ps/worker worker
+that is not the chief waits until the chief has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from launch.data.position import DataProgress
+from launch.errors import PeerUnavailable
+from launch.runtime.checkpoints import DATA_SCOPE
+from launch.runtime.hooks import LastStep
+from launch.runtime.inputs import TrainingInput
+
+V1 = tf.compat.v1
+
+FIELDS = ("base_step", "base_position", "batch_size", "num_examples", "seed", "files")
+SCOPE = DATA_SCOPE
+WAIT_POLL_SECS = 0.5
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The data state's values: the progress, and which data it counts."""
+
+    progress: DataProgress
+    seed: int
+    files: int
+
+    @classmethod
+    def of(cls, values: dict[str, int]) -> Stored:
+        progress = DataProgress(*(int(values[f]) for f in FIELDS[:4]))
+        return cls(progress, int(values["seed"]), int(values["files"]))
+
+    def as_dict(self) -> dict[str, int]:
+        p = self.progress
+        return dict(zip(FIELDS, (p.base_step, p.base_position, p.batch_size, p.num_examples,
+                                 self.seed, self.files), strict=True))
+
+
+def files_hash(identity: str) -> int:
+    """A signed 64-bit hash of the data's identity (its files and sizes)."""
+    return int.from_bytes(hashlib.blake2b(identity.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+class DataState:
+    """The ``towers_data/*`` variables of a job whose steps each take ``batch_size``
+    examples of the data ``data`` feeds; made in the default graph, on ``device`` (the
+    global step's)."""
+
+    def __init__(self, data: TrainingInput, batch_size: int, seed: int,
+                 device: str | Callable):
+        self.wanted = Stored(DataProgress(0, 0, batch_size, data.num_examples), seed,
+                             files_hash(data.identity))
+        initial = self.wanted.as_dict()
+        with V1.device(device), V1.variable_scope(SCOPE):
+            self.variables = {name: V1.get_variable(name, initializer=tf.constant(
+                initial[name], tf.int64), trainable=False, use_resource=True)
+                for name in FIELDS}
+        self._fed = {name: V1.placeholder(tf.int64, [], name=f"{SCOPE}_{name}")
+                     for name in FIELDS}
+        self._write = tf.group(*[v.assign(self._fed[n]) for n, v in self.variables.items()])
+
+    def read(self, session) -> Stored:
+        return Stored.of(session.run(self.variables))
+
+    def write(self, session, stored: Stored) -> None:
+        session.run(self._write, {self._fed[n]: v for n, v in stored.as_dict().items()})
+
+
+def reconcile(stored: Stored, wanted: Stored, step: int) -> tuple[Stored, str | None]:
+    """The state a job with ``wanted``'s batch size and data goes on with from ``step``,
+    given what the checkpoint ``stored``; and what changed, said for the log (None)."""
+    old, new = stored.progress, wanted.progress
+    if (stored.seed, stored.files, old.num_examples) != (wanted.seed, wanted.files,
+                                                          new.num_examples):
+        moved = old.next_epoch(step, new.batch_size, new.num_examples)
+        return Stored(moved, wanted.seed, wanted.files), (
+            f"the data differ from the checkpoint's ({_data_change(stored, wanted)}): "
+            f"epoch {moved.base_position // new.num_examples} counts as done, and "
+            f"training goes on at the start of epoch {moved.base_position // new.num_examples + 1}")
+    if old.batch_size != new.batch_size:
+        moved = old.at(step, new.batch_size)
+        return Stored(moved, stored.seed, stored.files), (
+            f"train.batch_size is {new.batch_size}, the checkpoint's {old.batch_size}: "
+            f"training goes on at the next example, {moved.where(step, None)}")
+    return stored, None
+
+
+def _data_change(stored: Stored, wanted: Stored) -> str:
+    changes = []
+    if stored.seed != wanted.seed:
+        changes.append(f"data.seed {stored.seed} -> {wanted.seed}")
+    if stored.progress.num_examples != wanted.progress.num_examples:
+        changes.append(f"{stored.progress.num_examples:,} -> "
+                       f"{wanted.progress.num_examples:,} examples")
+    elif stored.files != wanted.files:
+        changes.append("other files")
+    return ", ".join(changes)
+
+
+class DataPositionHook(V1.train.SessionRunHook):
+    """As each session starts: settle the data state (reconcile), start the input at the
+    global step's position, and set where the data's passes end.
+
+    rebases: this process writes the state when it must change (else it waits, at most
+    wait_secs, for the process that does). announce: this process says what changed.
+    resumed_from: the checkpoint a writer resumed from, named in the line saying where
+    the data stands.
+    """
+
+    def __init__(self, state: DataState, data: TrainingInput, global_step: tf.Tensor,
+                 epochs: int | None, last: LastStep, *, rebases: bool, announce: bool,
+                 wait_secs: float, resumed_from: str | None, write: Callable[[str], None]):
+        self._state, self._data, self._global_step = state, data, global_step
+        self._epochs, self._last = epochs, last
+        self._rebases, self._announce, self._wait_secs = rebases, announce, wait_secs
+        self._resumed_from, self._write = resumed_from, write
+        self.progress: DataProgress | None = None
+        self.batches: int | None = None  # this session's input's, None: no end
+
+    def after_create_session(self, session, coord) -> None:
+        step = int(session.run(self._global_step))
+        stored = self._settled(session, step)
+        self.progress = progress = stored.progress
+        end = progress.end_step(self._epochs)
+        self._last.data_end = end
+        start = progress.position(step)
+        # Whole global batches to the end (end - step, but where a global step takes a
+        # worker's part of one: asynchronous ps/worker).
+        self.batches = batches = None if end is None else \
+            max(self._epochs * progress.num_examples - start, 0) // self._data.part.global_batch
+        self._data.begin(session, start, batches)
+        if self._resumed_from is not None:
+            self._write(f"resuming from {self._resumed_from} at step {step}: "
+                        f"{progress.where(step, self._epochs)}")
+            self._resumed_from = None  # a session made again (a lost ps) says nothing
+
+    def _settled(self, session, step: int) -> Stored:
+        deadline = time.monotonic() + self._wait_secs
+        while True:
+            stored = self._state.read(session)
+            settled, change = reconcile(stored, self._state.wanted, step)
+            if change is None:
+                return settled
+            if self._rebases:
+                self._state.write(session, settled)
+                if self._announce:
+                    self._write(change)
+                return settled
+            if time.monotonic() > deadline:
+                raise PeerUnavailable(f"the chief did not settle the data position within "
+                                      f"{self._wait_secs:g} s ({change})")
+            time.sleep(WAIT_POLL_SECS)
+
+    def examples_trained(self, step: int) -> int:
+        """The positions the job's steps have taken, up to step ``step``."""
+        return self.progress.position(step) if self.progress else 0
+
+    def epoch(self, step: int) -> float:
+        """The passes over the data done at step ``step``."""
+        return self.progress.epoch(step) if self.progress else 0.0
