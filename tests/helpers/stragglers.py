@@ -1,8 +1,13 @@
 """The job the straggler and stall tests share (ps/worker in
 test_stragglers_and_stalls.py, Horovod in test_horovod_stall.py): a convnet reading
-JPEG TFRecords one record at a time, so a process given large JPEGs waits on its input
-while the others do not; no end of its own (the tests end it by signals); the phases
-sampled often and stragglers judged after 20 steps, so both show within seconds."""
+large JPEG TFRecords; no end of its own (the tests end it by signals); the phases
+sampled often and stragglers judged after 20 steps, so both show within seconds.
+
+Every process of a job reads the same data (its part of each global batch), so the
+straggler is made by its input pipeline instead: SLOW_INPUT decodes one JPEG at a time
+with one batch prefetched, so its process waits on input; the others keep the parallel
+decode and autotuned prefetch of the defaults, which fill while they wait for the slow
+one in the exchange, so their input hides behind the step."""
 
 from helpers.data_files import class_images, encode, image_feature_map, write_examples
 
@@ -13,11 +18,18 @@ SLOW_INPUT_JOB = [
     "--set", "model.num_classes=2", "--set", "optimizer.learning_rate=0.005",
     "--set", "optimizer.clip_norm=1", "--set", "data.source=tfrecord",
     "--set", "data.schema=imagenet", "--set", "data.image.augment=false",
-    "--set", "data.num_parallel_calls=1", "--set", "data.threads=1",
     "--set", "train.batch_size=32", "--set", "train.steps=1000000",
     "--set", "train.log_every_steps=40",
     "--set", f"train.stall_warning_secs={WARNING_SECS}", "--set", "train.phase_sample_secs=0.2",
     "--set", "train.straggler_steps=20", "--set", "metrics.port=0"]
+
+
+# A process's own input settings that make it the slow one.
+SLOW_INPUT = ["--set", "data.num_parallel_calls=1", "--set", "data.threads=1",
+              "--set", "data.prefetch=1"]
+# The others': more decoding threads than cores, so they take most of a shared CPU, and
+# batches to spare (the defaults' autotuning settles too slowly to leave a clear margin).
+FAST_INPUT = ["--set", "data.num_parallel_calls=4", "--set", "data.prefetch=4"]
 
 
 def jpeg_records(path, size: int) -> str:

@@ -38,10 +38,12 @@ MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
        "--set", "data.shuffle_buffer=0", "--set", "train.log_every_steps=1"]
 
 
-def start_horovodrun(np_: int, *args: str, output=subprocess.PIPE) -> subprocess.Popen:
-    """`towers` under horovodrun in a process group of its own, so all of it can be killed."""
+def start_horovodrun(np_: int, *args: str, output=subprocess.PIPE,
+                     wrapper: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`towers` under horovodrun in a process group of its own, so all of it can be killed.
+    wrapper: a command each rank runs `towers` through (it gets the command as arguments)."""
     command = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-               sys.executable, "-m", "launch", *args]
+               *wrapper, sys.executable, "-m", "launch", *args]
     return subprocess.Popen(command, cwd=ROOT, env=environment(), stdout=output, stderr=output,
                             text=True, stdin=subprocess.DEVNULL, start_new_session=True)
 

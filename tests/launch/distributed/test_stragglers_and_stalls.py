@@ -1,11 +1,12 @@
-"""A synchronous job of 1 ps and 2 workers in which worker 1 reads large JPEGs one at a
-time (its input is slow, the chief's is not): the chief names worker 1, and no other, a
-straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for longer
-than train.stall_warning_secs, and the chief names it as what its step waits for, within
-the warning time and a few seconds; continued (SIGCONT), worker 1 says it did not run and
-steps go on, and SIGTERM to every
-task ends each with 0, each saying where its step time went. The job has no end of its
-own: on a fast machine a bounded one could finish before the straggler is judged."""
+"""A synchronous job of 1 ps and 2 workers, both reading the same large JPEGs, in which
+worker 1 decodes them one at a time with one batch prefetched (its input is slow, the
+chief's parallel decode and deeper prefetch are not): the chief names worker 1, and no other, a
+straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for
+longer than train.stall_warning_secs, and the chief names it as what its step waits
+for, within the warning time and a few seconds; continued (SIGCONT), worker 1 says it
+did not run and steps go on, and SIGTERM to every task ends each with 0, each saying
+where its step time went. The job has no end of its own: on a fast machine a bounded
+one could finish before the straggler is judged."""
 
 import json
 import os
@@ -16,22 +17,24 @@ import urllib.request
 
 import pytest
 from helpers.commands import Cluster, last_json, run_in_process
-from helpers.stragglers import SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
+from helpers.stragglers import FAST_INPUT, SLOW_INPUT, SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
+
+from launch.runtime.stall import LOOK_EVERY_SECS, SUSPENDED_AFTER_SECS
 
 JOB = [*SLOW_INPUT_JOB, "--set", "towers.devices=1", "--set", "train.sync=true"]
 
 
 @pytest.mark.e2e
 def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
-    small = jpeg_records(tmp_path / "small.tfrecord", 16)
-    large = jpeg_records(tmp_path / "large.tfrecord", 768)  # 2,304x the pixels to decode
-    cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}"],
-                      workers=2)
-    cluster.args += ["--set", f"data.path={small}"]
+    large = jpeg_records(tmp_path / "large.tfrecord", 1024)
+    cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}",
+                                 "--set", f"data.path={large}"], workers=2)
+    base = cluster.args
     try:
         cluster.start("ps", "ps", 0)
+        cluster.args = [*base, *FAST_INPUT]
         chief = cluster.start("chief", "worker", 0)
-        cluster.args[-1] = f"data.path={large}"
+        cluster.args = [*base, *SLOW_INPUT]
         slow = cluster.start("worker1", "worker", 1)
         named = chief.wait_for(r"straggler: (.*)").group(0)
         url = chief.wait_for(r"metrics on (\S+)").group(1)
@@ -41,6 +44,11 @@ def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
         os.kill(slow.proc.pid, signal.SIGSTOP)
         stall = chief.wait_for(r"no step has finished for .*", timeout=60).group(0)
         stall_after = time.monotonic() - stopped
+        # The chief's clock began at its last step, maybe a while before the stop: hold
+        # worker 1 until its own watch, looking every LOOK_EVERY_SECS, must find a look
+        # over SUSPENDED_AFTER_SECS late, so it can say it did not run.
+        while time.monotonic() - stopped < SUSPENDED_AFTER_SECS + 2 * LOOK_EVERY_SECS:
+            time.sleep(0.1)
         os.kill(slow.proc.pid, signal.SIGCONT)
         chief.wait_for(r"steps go on again after")
         thawed = slow.wait_for(r"this process did not run for \d+ s .*").group(0)
