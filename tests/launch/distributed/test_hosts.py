@@ -10,7 +10,7 @@ checkpoints of the one before with another worker count (2, 3, 2, 3, 2), as a re
 job is restarted after a fault: a synchronous run cut short and then for good; a
 synchronous run with a backup worker, resumed past a damaged checkpoint and stopped
 by SIGTERM to every task at once; an asynchronous run that loses a worker and then
-its ps; a run in which a worker diverges at its first step; a run that ends when its
+its ps; a run in which every worker diverges at its first step; a run that ends when its
 data does; then, without ps tasks (collective all-reduce), a run that loses a worker
 for good. An evaluator on a host of its own follows the whole life. The test prints
 what it measured (steps lost, time to recover): docs/faults.md's fault list comes from
@@ -90,15 +90,15 @@ def stop_all_at_once(tasks: dict[str, Process]) -> float:
     return time.monotonic() - sent
 
 
-def npz_data(path, rows: int, poisoned_row: int | None = None) -> list[str]:
-    """mlp-shaped data read in order; with a poisoned row, one marked example and the
-    model that diverges at its step (helpers/diverging_model.py)."""
+def npz_data(path, rows: int, poisoned: bool = False) -> list[str]:
+    """mlp-shaped data read in order; poisoned, every example marked and the model that
+    diverges at a marked step (helpers/diverging_model.py)."""
     rng = np.random.default_rng(1)
     features = rng.normal(size=(rows, 784)).astype(np.float32)
     labels = rng.integers(0, 10, size=rows).astype(np.int32)
     model = []
-    if poisoned_row is not None:
-        features[poisoned_row, 5] = MARK
+    if poisoned:
+        features[:, 5] = MARK
         model = diverging_model("--set", "model.input_dim=784", "--set", "model.num_classes=10",
                                 "--set", "model.hidden_units=[16]")
     np.savez(path, features=features, labels=labels)
@@ -322,25 +322,32 @@ def async_run_losing_a_worker_then_its_ps(life: Life, resumed: int) -> int:
 
 
 def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: int) -> int:
-    """Three asynchronous workers; worker 2's first batch holds a marked example. Every worker
-    stops with status 3, also when that happens while the chief is still starting; the
-    chief saves nothing once it has heard, so its last checkpoint, finite, is the
-    latest. Returns its step."""
-    # Worker 2 reads rows 2, 5, 8, ... in batches of 21: its first batch holds row 2.
-    poisoned = npz_data(life.tmp_path / "poisoned.npz", 3000, poisoned_row=2)
+    """Three asynchronous workers on data every example of which is marked: each worker
+    diverges at its first step (which part of the data an asynchronous worker's first
+    step reads depends on when it starts). The chief stops with status 3 and nothing is
+    saved after the checkpoint restored, which stays the latest. Returns its step."""
+    poisoned = npz_data(life.tmp_path / "poisoned.npz", 3000, poisoned=True)
     job = life.run("async3", [*poisoned, *FOREVER], workers=3)
     codes = job.codes(timeout=240)
-    assert codes == {"ps0": 0, "worker0": DIVERGED, "worker1": DIVERGED,
-                     "worker2": DIVERGED}, failures(job.tasks)
+    assert codes["ps0"] == 0 and codes["worker0"] == DIVERGED, failures(job.tasks)
+    for name in ("worker1", "worker2"):
+        # A worker still starting when the chief stopped the job finds the ps gone once
+        # the ps has waited cluster.shutdown_grace_secs for it: 138, having taken no step
+        # (a known gap: it cannot learn that the job diverged). One that stepped says 3.
+        task = job.tasks[name]
+        if codes[name] == DIVERGED:
+            assert "diverged" in task.stderr, task.stderr
+        else:
+            assert codes[name] == 138 and "towers: step " not in task.stderr, task.stderr
     chief = job.tasks["worker0"]
-    assert saved_steps(chief.stderr)[0] == saved  # 2 -> 3 workers: restored
-    assert "worker rank 2 diverged" in chief.stderr
-    assert "non-finite" in job.tasks["worker2"].stderr
+    assert saved_steps(chief.stderr) == [saved]  # 2 -> 3 workers: restored, then nothing
+    assert "non-finite" in chief.stderr
     good = assert_nothing_lost(life.ckpt, saved)
-    last_saved = f"{life.ckpt}/model.ckpt-{saved_steps(chief.stderr)[-1]}"
+    last_saved = f"{life.ckpt}/model.ckpt-{saved}"
     assert tf.train.latest_checkpoint(str(life.ckpt)) == last_saved
     assert f"The latest checkpoint is {last_saved}" in chief.stderr
-    life.report.append(f"a worker diverged at its first step: every worker stopped with 3, "
+    life.report.append(f"the chief diverged at its first step and stopped with 3 "
+                       f"({codes['worker1']} and {codes['worker2']} from the other workers), "
                        f"the last good checkpoint at step {good}")
     return good
 
