@@ -209,9 +209,10 @@ def test_a_job_and_its_cluster_are_checked_without_tensorflow():
         "    task = cluster.resolve(job.cluster, cluster.Flags(task_index=0), 'worker', {})\n"
         "    return choose(job.cluster.backend, 'worker', task.cluster)\n"
         "try:\n"
-        "    load_job(None, ['cluster.worker=[h:1, h:2]', 'data.epochs=1'], arrangement=worker)\n"
+        "    load_job(None, ['cluster.worker=[h:1, h:2]', 'train.backup_workers=1'],\n"
+        "             arrangement=worker)\n"
         "except ConfigError as err:\n"
         "    print(err.key, 'tensorflow' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True,
                           text=True, timeout=60)
-    assert done.stdout.split() == ["data.epochs", "False"], done.stderr[-2000:]
+    assert done.stdout.split() == ["train.backup_workers", "False"], done.stderr[-2000:]
