@@ -23,7 +23,15 @@ import time
 
 import pytest
 import yaml
-from helpers.commands import FAST, ROOT, environment, last_json, run_towers, towers_command
+from helpers.commands import (
+    FAST,
+    ROOT,
+    environment,
+    last_json,
+    overrides,
+    run_towers,
+    towers_command,
+)
 from helpers.doc_pages import pages
 
 from launch import modelref
@@ -61,10 +69,6 @@ def towers_services() -> dict[str, dict]:
 
 def option(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
-
-
-def overrides(argv: list[str]) -> list[str]:
-    return [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
 
 
 check_model = modelref.check  # what `towers` itself checks a job's model with

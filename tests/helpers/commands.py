@@ -29,6 +29,11 @@ def towers_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "launch", *args]
 
 
+def overrides(args: list[str]) -> list[str]:
+    """The ``a.b=c`` strings of a command line's ``--set`` options."""
+    return [value for flag, value in zip(args, args[1:], strict=False) if flag == "--set"]
+
+
 def run_in_process(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
     """`towers ARGS` through the command's own main() in this process, for the many cases
     that end before any work starts (bad input): each costs milliseconds, not the seconds

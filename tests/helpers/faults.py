@@ -34,11 +34,6 @@ def rows_with_dropout(path, rows=4000) -> list[str]:
             "--set", "model.dropout=0.3"]
 
 
-def overrides(args: list[str]) -> list[str]:
-    """The ``a.b=c`` strings of a command line's ``--set`` options."""
-    return [value for flag, value in zip(args, args[1:], strict=False) if flag == "--set"]
-
-
 def poisoned_csv(path, bad_steps, rows=800):
     """CSV data, read in file order, whose batch for each of `bad_steps` (1-based) holds
     a marked example, and the model that diverges there (SMALL's sizes)."""

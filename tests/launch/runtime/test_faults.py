@@ -16,8 +16,8 @@ import time
 
 import pytest
 from helpers.checkpoints import assert_nothing_lost, checkpoint_variables
-from helpers.commands import Cluster, Process, last_json, ok, run_towers, saved_steps
-from helpers.faults import job, overrides, poisoned_csv, rows_with_dropout
+from helpers.commands import Cluster, Process, last_json, ok, overrides, run_towers, saved_steps
+from helpers.faults import job, poisoned_csv, rows_with_dropout
 
 from launch.config import load_job
 from launch.distributed.local_cluster import free_ports
