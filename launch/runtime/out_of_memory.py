@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from launch.errors import OutOfMemory
 
-_OOM = re.compile(r"OOM when allocating tensor with shape\[([\d,\s]*)\] and type (\w+) "
+_REFUSED = "OOM when allocating"  # TensorFlow's words for an allocation refused
+_OOM = re.compile(_REFUSED + r" tensor with shape\[([\d,\s]*)\] and type (\w+) "
                   r"on (\S+) by allocator")
 _LOCAL = "/job:localhost/replica:0/task:0/device:"
 
@@ -43,7 +44,7 @@ def out_of_memory(where: str, fix: str,
     except tf.errors.ResourceExhaustedError as err:
         # Only an allocation refused is memory: a full disk or a full queue is also
         # RESOURCE_EXHAUSTED (and a path or a node name may hold the letters "OOM").
-        if "OOM when allocating" not in err.message:
+        if _REFUSED not in err.message:
             raise
         said = f"out of memory {_allocation(err.message)} {where}; {fix}"
         raise OutOfMemory(f"{said}. {latest()}" if latest else said) from None

@@ -149,7 +149,7 @@ def test_one_jobs_life_across_hosts_through_cuts_restarts_resizes_stops_and_dive
         saved = assert_nothing_lost(life.ckpt, 50)
         resumed = sync_run_with_a_backup_worker_past_a_damaged_checkpoint(life, saved)
         good = async_run_losing_a_worker_then_its_ps(life, resumed)
-        good = async_run_in_which_a_worker_diverges_at_its_first_step(life, good)
+        good = async_run_in_which_every_worker_diverges_at_its_first_step(life, good)
         ended = run_that_ends_with_its_data(life, good)
         collective_run_losing_a_worker(life, ended)
         assert life.evaluator.proc.poll() is None, life.evaluator.stderr[-2000:]
@@ -321,7 +321,7 @@ def async_run_losing_a_worker_then_its_ps(life: Life, resumed: int) -> int:
     return saved
 
 
-def async_run_in_which_a_worker_diverges_at_its_first_step(life: Life, saved: int) -> int:
+def async_run_in_which_every_worker_diverges_at_its_first_step(life: Life, saved: int) -> int:
     """Three asynchronous workers on data every example of which is marked: each worker
     diverges at its first step (which part of the data an asynchronous worker's first
     step reads depends on when it starts). The chief stops with status 3 and nothing is
