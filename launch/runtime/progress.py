@@ -99,6 +99,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self.record = StepRecord()
         self.steps_run = 0  # by this session: none when it started at the last step
         self._window: dict[str, list[float]] = {}
+        self._last_window: dict[str, list[float]] = {}  # the last line's, for end()
         self._line_mark: Mark | None = None
         self._reported_step: int | None = None
 
@@ -137,11 +138,13 @@ class ProgressHook(V1.train.SessionRunHook):
             self._draw_bar(step)
 
     def end(self, session) -> None:
-        if self._window:
-            # The global step as it is now, not the last one fetched plus one: a
-            # synchronous step whose gradient was dropped (train.backup_workers) did not
-            # move it, and the final line must name the step the job ended at.
-            step = int(session.run(self._fetches["global_step"]))
+        # The global step as it is now, not the last one fetched plus one: a
+        # synchronous step whose gradient was dropped (train.backup_workers) did not
+        # move it, and the final line must name the step the job ended at, even when
+        # the line before it (fetched plus one) was written at this session's last step.
+        step = int(session.run(self._fetches["global_step"])) if self.steps_run else None
+        if self._window or (step is not None and step != self._reported_step):
+            self._window = self._window or self._last_window
             last = self.throughput.last
             self.throughput.last = last._replace(global_step=step)
             self._report(self.throughput.last)
@@ -169,7 +172,7 @@ class ProgressHook(V1.train.SessionRunHook):
                 V1.Summary.Value(tag="job_examples_per_sec", simple_value=rates.job),
                 V1.Summary.Value(tag="process_examples_per_sec", simple_value=rates.process)])
             self._writer.add_summary(summary, mark.global_step)
-        self._window = {}
+        self._last_window, self._window = self._window, {}
         self._line_mark = mark
 
     def _draw_bar(self, step: int) -> None:

@@ -108,7 +108,8 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
-        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers()))
+        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
+        loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
