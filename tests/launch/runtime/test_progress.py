@@ -37,3 +37,35 @@ def test_no_line_is_repeated_at_the_end_when_the_step_is_where_the_last_line_sai
         for _ in range(5):
             sess.run(train_op)
     assert [line.split()[1] for line in lines] == ["5/100"], lines
+
+
+class _UpdateAfterTheSave(V1.train.SessionRunHook):
+    """What a synchronous chief's queue runner may do as the session ends: apply one more
+    update from the gradients other workers had sent, after the final checkpoint."""
+
+    def __init__(self, step):
+        self._late = V1.assign_add(step, 1)
+
+    def end(self, session):
+        session.run(self._late)
+
+
+def test_the_chiefs_last_line_names_its_final_checkpoints_step(graph, tmp_path):
+    from launch.runtime.checkpoints import LastSave
+
+    step = V1.train.get_or_create_global_step()
+    train_op = V1.assign_add(step, 1)
+    lines, last_save = [], LastSave()
+    progress = ProgressHook({"loss": tf.constant(1.0)}, step, 16, 100, 3, None, lines.append,
+                            final_step=lambda: last_save.step)
+    saver = V1.train.CheckpointSaverHook(str(tmp_path), save_steps=1000, listeners=[last_save])
+    with V1.train.MonitoredTrainingSession(
+            checkpoint_dir=str(tmp_path), hooks=[_UpdateAfterTheSave(step), progress],
+            chief_only_hooks=[saver], save_checkpoint_secs=None, save_summaries_steps=None,
+            log_step_count_steps=None) as sess:
+        for _ in range(4):
+            sess.run(train_op)
+    final = int(tf.train.latest_checkpoint(str(tmp_path)).rsplit("-", 1)[1])
+    assert final == 4 and last_save.step == 4
+    assert lines[-1].startswith("step 4/100 "), lines
+    assert progress.record.global_step == 4
