@@ -1,5 +1,7 @@
 """Shared by the towers tests: a tiny model, learnable batches, a training run to compare."""
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 from conftest import cpu_session_config
@@ -105,12 +107,20 @@ SMALL = {
 }
 
 
+@functools.cache
+def one_device_run(model_name, batch_size, steps):
+    """train() of SMALL[model_name] on one device: the reference many comparisons share
+    (its values are read, never changed)."""
+    model = models.build(model_name, SMALL[model_name])
+    return train(model.model_fn, ["/cpu:0"], image_batches(model.input_spec, batch_size, steps))
+
+
 def check_equivalent(model_name, num_towers, batch_size, steps=10, mode="parameter_server",
                      **options):
     """N towers (with options such as accumulate_steps) train like one device, no options."""
     model = models.build(model_name, SMALL[model_name])
     batches = image_batches(model.input_spec, batch_size, steps)
-    start, single = train(model.model_fn, ["/cpu:0"], batches)
+    start, single = one_device_run(model_name, batch_size, steps)
     _, multi = train(model.model_fn, cpus(num_towers), batches, mode=mode, initial=start,
                      **options)
     assert_same_variables(single, multi)
