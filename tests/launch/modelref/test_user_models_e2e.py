@@ -7,8 +7,8 @@ of the built-in models there, which tests/launch/distributed covers); `towers ev
 reads each checkpoint; the exported SavedModels, loaded in a fresh process, predict
 what `towers eval --predictions` did on the same examples. An installed package's
 entry point names a model; the user's own bug is reported as theirs. The runs share
-one module fixture: the cluster jobs and the installed package's run in processes of
-their own, the other commands through their main() in this process meanwhile.
+one module fixture: the cluster jobs run in processes of their own, the other commands
+through their main() in this process meanwhile, and a fresh process serves the exports.
 """
 
 import os
@@ -128,7 +128,7 @@ def build(units=4):
 
 def install_entry_point_package(base: str) -> str:
     """A package installed as a bare *.dist-info in a folder of its own, registering
-    `mynet`; returns the folder (for PYTHONPATH)."""
+    `mynet`; returns the folder (the entry on sys.path that installs it)."""
     site = os.path.join(base, "site")
     os.makedirs(os.path.join(site, "their_models"))
     with open(os.path.join(site, "their_models", "__init__.py"), "w") as f:
@@ -149,25 +149,17 @@ def entry_point_args(data: str, base: str) -> list[str]:
             "--set", "train.steps=3", "--set", "train.batch_size=32"]
 
 
-def entry_point_validate(data: str, base: str) -> subprocess.CompletedProcess:
-    """`towers validate` in this process with the package's folder on sys.path, as
-    PYTHONPATH puts it there for a process (validate builds nothing: no process needed)."""
+def entry_point_runs(data: str, base: str) -> dict:
+    """`towers validate` and `towers train` through main() in this process, with the
+    package's folder on sys.path as PYTHONPATH puts it there for a process."""
     site = os.path.join(base, "site")
     sys.path.insert(0, site)
     try:
-        return run_in_process("validate", *entry_point_args(data, base), cwd=base)
+        return {command: run_in_process(command, *entry_point_args(data, base), cwd=base)
+                for command in ("validate", "train")}
     finally:
         sys.path.remove(site)
         sys.modules.pop("their_models", None)
-
-
-def entry_point_train(data: str, base: str) -> subprocess.CompletedProcess:
-    """`towers train` in a process whose PYTHONPATH holds the package's folder."""
-    env = environment()
-    env["PYTHONPATH"] = os.path.join(base, "site") + os.pathsep + env["PYTHONPATH"]
-    return subprocess.run([sys.executable, "-m", "launch", "train", *entry_point_args(data, base)],
-                          env=env, cwd=base, capture_output=True, text=True, timeout=TIMEOUT,
-                          stdin=subprocess.DEVNULL)
 
 
 BROKEN = """
@@ -207,25 +199,20 @@ def runs(tmp_path_factory):
     runpy.run_path(os.path.join(EXAMPLES, "digits.py"))["write"](
         digits["images"], digits["target"], data)
     install_entry_point_package(base)
-    # Before the threads start: it works in another directory for a moment.
-    found = {"entry-point": {"validate": entry_point_validate(data, base)}}
-    # The runs that are processes by nature, two at a time in threads, while this
-    # process runs the other commands through their main() (which holds this
-    # process's stdout and stderr while it runs: one at a time, here).
-    processes = {
+    # Before the threads start: they work in another directory for a moment.
+    found = {"entry-point": entry_point_runs(data, base)}
+    # The cluster jobs, processes by nature, in threads while this process runs the
+    # other commands through their main() (which holds this process's stdout and
+    # stderr while it runs: one at a time, here).
+    with ThreadPoolExecutor(max_workers=2) as pool:
         # The TF1 model takes the same cluster paths as the built-in ones
         # (tests/launch/distributed); the Keras one is new there.
-        **{how: (cluster_run, "keras", data, base, how) for how in ("local-cluster", "horovod")},
-        # An installed package is found by the PYTHONPATH of a fresh process.
-        "entry-point": (entry_point_train, data, base),
-    }
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(job[0], *job[1:]) for name, job in processes.items()}
+        futures = {how: pool.submit(cluster_run, "keras", data, base, how)
+                   for how in ("local-cluster", "horovod")}
         for kind in KINDS:
             found[f"{kind}-local"] = local_run(kind, data, base)
         found["broken"] = broken_run(data, base)
-        ran = {name: future.result() for name, future in futures.items()}
-    found["entry-point"]["train"] = ran["entry-point"]
+        ran = {how: future.result() for how, future in futures.items()}
     for how in ("local-cluster", "horovod"):
         evaluated = ran[how] and run_in_process("eval", *cluster_args("keras", data, base, how))
         found[f"keras-{how}"] = {"run": ran[how], "eval": evaluated} if ran[how] else {}
