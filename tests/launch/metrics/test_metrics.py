@@ -25,6 +25,7 @@ import pytest
 import tensorflow as tf
 import yaml
 from helpers.commands import FAST, ROOT, last_json, start_towers
+from helpers.scraper import Scraper
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics
@@ -301,32 +302,6 @@ class Lines:
     def text(self) -> str:
         self._thread.join(timeout=10)
         return "".join(self.lines)
-
-
-class Scraper:
-    """Scrapes a URL every `every` seconds until the server goes away or stop() is called."""
-
-    def __init__(self, url: str, every: float = 0.05):
-        self.url, self.every = url, every
-        self.texts: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 120  # bounded, whatever happens
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            try:
-                status, text = get(self.url, timeout=5)
-            except OSError:  # the exporter has shut down with its process
-                return
-            if status == 200:
-                self.texts.append(text)
-            time.sleep(self.every)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def start_prometheus(directory, targets_file: str):
