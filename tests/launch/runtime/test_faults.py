@@ -27,7 +27,6 @@ from helpers.commands import (
     ok,
     overrides,
     run_in_process,
-    run_towers,
     saved_steps,
 )
 from helpers.faults import job, poisoned_csv, rows_with_dropout
@@ -198,9 +197,9 @@ def test_a_port_in_use_is_one_line_naming_it(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         (ps,) = free_ports(1)
-        result = run_towers("worker", *job(tmp_path / "c", 10), "--ps-hosts", f"127.0.0.1:{ps}",
-                            "--worker-hosts", f"127.0.0.1:{port}", "--task-index", "0",
-                            timeout=120)
+        result = run_in_process("worker", *job(tmp_path / "c", 10),
+                                "--ps-hosts", f"127.0.0.1:{ps}",
+                                "--worker-hosts", f"127.0.0.1:{port}", "--task-index", "0")
     assert result.returncode == 2, result.stderr[-3000:]
     assert_one_clear_line(result, str(port), "in use")
 
