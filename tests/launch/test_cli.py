@@ -69,41 +69,17 @@ def test_default_job_trains_reports_json_writes_events_and_a_second_run_continue
 
 
 @pytest.mark.e2e
-def test_sigterm_saves_a_checkpoint_that_resumes_and_evaluates(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    args = [*FAST, "--set", f"train.checkpoint_dir={ckpt}", "--set", "train.log_every_steps=1",
-            "--set", "train.checkpoint_every_steps=100000"]
-    proc = start_towers("train", *args, "--set", "train.steps=100000")
-    try:
-        read_until(proc.stderr, "step 5/")
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-2000:]
-    stopped = last_json(out)
-    assert stopped["stopped_by"] == "signal"
-    assert latest_step(ckpt) == stopped["global_step"] >= 5
-
-    resumed = ok(run_in_process("train", *args,
-                                "--set", f"train.steps={stopped['global_step'] + 3}"))
-    assert resumed["global_step"] == stopped["global_step"] + 3
-
-    scored = ok(run_in_process("eval", *args))
-    assert scored["global_step"] == resumed["global_step"]
-    assert {"loss", "accuracy", "examples_per_sec"} <= set(scored)
-    assert scored["examples"] == 2 * 32  # builtin data: eval.steps batches of eval.batch_size
-    assert os.listdir(ckpt / "eval"), "eval wrote no summaries"
-
-
-@pytest.mark.e2e
-def test_eval_watch_scores_checkpoints_as_they_appear_and_the_trainers_last_when_stopped(
+def test_eval_watch_scores_checkpoints_as_they_appear_and_a_sigterm_saves_one_that_resumes(
         tmp_path):
+    """`eval --watch` scores each checkpoint as it appears. A trainer stopped by SIGTERM
+    with the watcher, as an orchestrator stops a whole job, saves a final checkpoint
+    after the watcher got its signal; the watcher scores it before stopping, a later run
+    resumes from it and `towers eval` scores that run's."""
     ckpt = tmp_path / "ckpt"
     args = [*FAST, "--set", f"train.checkpoint_dir={ckpt}", "--set", "eval.every_secs=1",
             "--set", "train.steps=100000"]
+    stopping = [*args, "--set", "train.log_every_steps=1",
+                "--set", "train.checkpoint_every_steps=100000"]
     watcher = start_towers("eval", *args, "--watch", "--timeout", "120")
     trainer = None
     try:
@@ -113,10 +89,7 @@ def test_eval_watch_scores_checkpoints_as_they_appear_and_the_trainers_last_when
         for steps in (10, 20):
             ok(run_in_process("train", *args, "--set", f"train.steps={steps}"))
             scored = read_until(watcher.stderr, f"eval step {steps}:", scored)
-        # Then a run stopped with the watcher, as an orchestrator stops a whole job: the
-        # trainer saves its final checkpoint after the watcher got its signal.
-        trainer = start_towers("train", *args, "--set", "train.log_every_steps=1",
-                               "--set", "train.checkpoint_every_steps=100000")
+        trainer = start_towers("train", *stopping)
         read_until(trainer.stderr, "step 25/")
         trainer.send_signal(signal.SIGTERM)
         watcher.send_signal(signal.SIGTERM)
@@ -129,10 +102,21 @@ def test_eval_watch_scores_checkpoints_as_they_appear_and_the_trainers_last_when
                 proc.kill()
                 proc.wait()
     assert trainer.returncode == 0 and watcher.returncode == 0, err[-2000:]
-    final = last_json(trained)["global_step"]
-    assert final >= 25 and last_json(out)["global_step"] == final
+    stopped = last_json(trained)
+    final = stopped["global_step"]
+    assert stopped["stopped_by"] == "signal"
+    assert latest_step(ckpt) == final >= 25 and last_json(out)["global_step"] == final
     assert "eval step 10:" in err and "eval step 20:" in err, err
     assert f"scoring {ckpt / f'model.ckpt-{final}'}, the newest checkpoint, before stopping" in err
+
+    resumed = ok(run_in_process("train", *stopping, "--set", f"train.steps={final + 3}"))
+    assert resumed["global_step"] == final + 3
+    summaries = set(os.listdir(ckpt / "eval"))
+    evaluated = ok(run_in_process("eval", *args))
+    assert evaluated["global_step"] == resumed["global_step"]
+    assert {"loss", "accuracy", "examples_per_sec"} <= set(evaluated)
+    assert evaluated["examples"] == 2 * 32  # builtin data: eval.steps batches of eval.batch_size
+    assert set(os.listdir(ckpt / "eval")) > summaries, "eval wrote no summaries"
 
 
 def write_npz(path, n=64, dim=8, seed=0):
