@@ -211,16 +211,22 @@ def test_one_ps_two_workers_and_an_evaluator_train_to_the_end_and_exit(tmp_path)
     assert "[evaluator] towers: eval step" in result.stderr
     assert os.listdir(ckpt / "eval")
 
-    # Run again: the job is done, so no task takes a step, and every task ends.
+    # Run again (its tasks started by hand: the launcher's part is checked above): the
+    # job is done, so no task takes a step, and every task ends.
     latest = tf.train.latest_checkpoint(str(ckpt))
-    again = run_towers("local-cluster", *MLP, "--set", f"train.checkpoint_dir={ckpt}",
-                       "--set", "train.steps=60", "--ps", "1", "--workers", "2", timeout=240)
-    rerun = ok(again)
-    assert rerun["exit_codes"] == {"ps0": 0, "worker0": 0, "worker1": 0}
-    assert rerun["steps_run"] == 0 and rerun["global_step"] == summary["global_step"]
+    again = Cluster(tmp_path, [*MLP, "--set", "train.steps=60"], workers=2, ckpt=ckpt)
+    try:
+        for name, role, index in (("ps", "ps", 0), ("worker0", "worker", 0),
+                                  ("worker1", "worker", 1)):
+            again.start(name, role, index)
+        again.finish()
+    finally:
+        again.stop()
     for worker in ("worker0", "worker1"):
-        assert re.search(rf"\[{worker}\] towers: at step \d+ already, train.steps is 60: no "
-                         "step to take", again.stderr), again.stderr[-3000:]
+        rerun = last_json(again.tasks[worker].stdout)
+        assert rerun["steps_run"] == 0 and rerun["global_step"] == summary["global_step"]
+        assert re.search(r"towers: at step \d+ already, train.steps is 60: no step to take",
+                         again.tasks[worker].stderr), again.tasks[worker].stderr[-3000:]
     assert tf.train.latest_checkpoint(str(ckpt)) == latest
     assert summary["global_step"] >= 60
     assert int(tf.train.load_variable(tf.train.latest_checkpoint(str(ckpt)), "global_step")) >= 60
