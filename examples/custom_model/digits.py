@@ -16,7 +16,10 @@ EVAL_EXAMPLES = 300
 
 
 def main(out: str) -> None:
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        sys.exit("digits.py reads scikit-learn's digits: pip install scikit-learn")
 
     digits = load_digits()
     write(digits.images, digits.target, out)

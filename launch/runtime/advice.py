@@ -14,6 +14,10 @@ from launch.config import AUTO, JobConfig
 
 # A waiting phase at least this share of the step is the bottleneck, ahead of compute.
 WAIT_BOUND = 0.25
+# A step shorter than this is mostly its fixed cost (a session run, the hooks' Python,
+# the ops' launches: about 1 ms on a CPU host), not the model's arithmetic, so 16-bit
+# compute or XLA would not shorten it; more examples per step would.
+SHORT_STEP_SECS = 0.005
 
 
 def bottleneck(shares: Mapping[str, float]) -> str:
@@ -33,10 +37,11 @@ class Setup:
 
 
 def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
-           stragglers: Sequence[str] = ()) -> str:
+           stragglers: Sequence[str] = (), step_secs: float | None = None) -> str:
     """One line: the bottleneck the shares show, and what to try for it.
 
     stragglers: the processes the chief named stragglers during the run.
+    step_secs: the mean step time (None: unknown).
     """
     phase = bottleneck(shares)
     share = f"{round(100 * shares[phase])}% of the step"
@@ -51,6 +56,10 @@ def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
         "apply": f"apply-bound ({share} applies the update)",
         "compute": f"compute-bound ({share} is the towers' forward and backward)",
     }[phase]
+    if phase == "compute" and step_secs is not None and step_secs < SHORT_STEP_SECS:
+        return (f"{what}, but a step of {1000 * step_secs:.1f} ms is mostly the fixed cost "
+                "of a step, not the model's arithmetic: try a larger train.batch_size "
+                f"(now {job.train.batch_size}) for more examples per second")
     tries = {"input": _input, "exchange": _exchange, "apply": _apply,
              "compute": _compute}[phase](job, setup)
     if not tries:

@@ -295,6 +295,19 @@ def _checkpoint_name(name: str, rename) -> str:
     return name
 
 
+class LastSave(V1.train.CheckpointSaverListener):
+    """The step of the last checkpoint this process saved (None before one): the job's
+    final step once the session's end has saved. The chief saves before the other hooks
+    end (MonitoredTrainingSession ends chief-only hooks first), and in a synchronous
+    ps/worker job other workers' gradients may still move the global step after that."""
+
+    def __init__(self):
+        self.step: int | None = None
+
+    def after_save(self, session, global_step_value) -> None:
+        self.step = int(global_step_value)
+
+
 class _LogSaves(V1.train.CheckpointSaverListener):
     def __init__(self, write: Callable[[str], None]):
         self._write = write

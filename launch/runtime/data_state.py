@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from launch.data.position import DataProgress
-from launch.errors import PeerUnavailable
+from launch.errors import BadInput, PeerUnavailable
 from launch.runtime.checkpoints import DATA_SCOPE
 from launch.runtime.hooks import LastStep
 from launch.runtime.inputs import TrainingInput
@@ -166,10 +166,31 @@ class DataPositionHook(V1.train.SessionRunHook):
                 if self._announce:
                     self._write(change)
                 return settled
-            if time.monotonic() > deadline:
-                raise PeerUnavailable(f"the chief did not settle the data position within "
-                                      f"{self._wait_secs:g} s ({change})")
+            moved_on = int(session.run(self._global_step)) > step
+            if time.monotonic() > deadline or moved_on:
+                raise self._unsettled(stored, moved_on, change)
             time.sleep(WAIT_POLL_SECS)
+
+    def _unsettled(self, stored: Stored, moved_on: bool, change: str) -> Exception:
+        """Why the state the chief keeps never became this worker's: the chief trains (it
+        settles before its first step) or the wait ran out, on other data or another
+        train.batch_size than this worker's (bad input: a restart would meet them
+        again), or the chief never settled it."""
+        wanted = self._state.wanted
+        when = "the chief trains" if moved_on else f"after {self._wait_secs:g} s"
+        differ = _data_change(stored, wanted)
+        if differ:
+            return BadInput(
+                f"this worker's data differ from the chief's (the chief's -> this worker's: "
+                f"{differ}; {when}): every worker of a ps/worker job reads the same data; "
+                "give each the same data.path files and data.seed")
+        if moved_on:
+            return BadInput(
+                f"this worker's train.batch_size, {wanted.progress.batch_size}, is not the "
+                f"chief's, {stored.progress.batch_size}: every worker of a ps/worker job "
+                "runs the same job file")
+        return PeerUnavailable(f"the chief did not settle the data position within "
+                               f"{self._wait_secs:g} s ({change})")
 
     def examples_trained(self, step: int) -> int:
         """The positions the job's steps have taken, up to step ``step``."""

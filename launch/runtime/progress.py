@@ -70,6 +70,8 @@ class ProgressHook(V1.train.SessionRunHook):
     without fetching them again: each extra fetch costs Python time every step.
     phases: the step-time shares of the line's interval ('input 31% compute 52% ...'),
     appended to it.
+    final_step: in a process that saves the final checkpoint, its step (None until
+    saved), which the last line names: the job's step as the checkpoint keeps it.
     """
 
     def __init__(
@@ -85,12 +87,14 @@ class ProgressHook(V1.train.SessionRunHook):
         phases: Callable[[], str] | None = None,
         job_examples_per_step: float | None = None,
         process: str | None = None,
+        final_step: Callable[[], int | None] | None = None,
     ):
         self._fetches = {"global_step": global_step, **fetches}
         self._phases = phases
         self._on_step = on_step
         self.throughput = Throughput(batch_size, job_examples_per_step or batch_size)
         self._process = process
+        self._final_step = final_step or (lambda: None)
         self._last = last if isinstance(last, LastStep) else LastStep(last)
         self._every = every_steps
         self._summary_dir = summary_dir
@@ -99,6 +103,7 @@ class ProgressHook(V1.train.SessionRunHook):
         self.record = StepRecord()
         self.steps_run = 0  # by this session: none when it started at the last step
         self._window: dict[str, list[float]] = {}
+        self._last_window: dict[str, list[float]] = {}  # the last line's, for end()
         self._line_mark: Mark | None = None
         self._reported_step: int | None = None
 
@@ -137,11 +142,16 @@ class ProgressHook(V1.train.SessionRunHook):
             self._draw_bar(step)
 
     def end(self, session) -> None:
-        if self._window:
-            # The global step as it is now, not the last one fetched plus one: a
-            # synchronous step whose gradient was dropped (train.backup_workers) did not
-            # move it, and the final line must name the step the job ended at.
-            step = int(session.run(self._fetches["global_step"]))
+        # The step the job ended at: the final checkpoint's where this process saved
+        # it, else the global step as it is now; not the last one fetched plus one (a
+        # synchronous step whose gradient was dropped, train.backup_workers, did not
+        # move it), even when the line before was written at this session's last step.
+        step = None
+        if self.steps_run:
+            saved = self._final_step()
+            step = saved if saved is not None else int(session.run(self._fetches["global_step"]))
+        if self._window or (step is not None and step != self._reported_step):
+            self._window = self._window or self._last_window
             last = self.throughput.last
             self.throughput.last = last._replace(global_step=step)
             self._report(self.throughput.last)
@@ -169,7 +179,7 @@ class ProgressHook(V1.train.SessionRunHook):
                 V1.Summary.Value(tag="job_examples_per_sec", simple_value=rates.job),
                 V1.Summary.Value(tag="process_examples_per_sec", simple_value=rates.process)])
             self._writer.add_summary(summary, mark.global_step)
-        self._window = {}
+        self._last_window, self._window = self._window, {}
         self._line_mark = mark
 
     def _draw_bar(self, step: int) -> None:

@@ -126,6 +126,8 @@ class StepPhases:
         self._listeners = [on_seconds] if on_seconds is not None else []
         self._shares: dict[str, float] | None = None
         self._pending = 0.0
+        self._pending_steps = 0
+        self.steps = 0  # the steps whose seconds are in total
         self.total = dict.fromkeys(PHASES, 0.0)
         self._sampled = dict.fromkeys(PHASES, 0.0)  # the steps sampled since window_text
 
@@ -137,9 +139,11 @@ class StepPhases:
                 self._sampled[phase] += run_seconds * shares[phase]
         if self._shares is None:
             self._pending += run_seconds
+            self._pending_steps += 1
             return
         seconds = {p: (run_seconds + self._pending) * self._shares[p] for p in PHASES}
-        self._pending = 0.0
+        self.steps += 1 + self._pending_steps
+        self._pending, self._pending_steps = 0.0, 0
         for phase, value in seconds.items():
             self.total[phase] += value
         for listener in self._listeners:
@@ -160,6 +164,10 @@ class StepPhases:
             return shares_text(_shares(sampled))
         run = self.shares()
         return f"run so far: {shares_text(run)}" if run else ""
+
+    def step_secs(self) -> float | None:
+        """The mean seconds of a step so far; None before any sample."""
+        return sum(self.total.values()) / self.steps if self.steps else None
 
     def shares(self) -> dict[str, float]:
         """Shares over every step so far; {} before any sample."""

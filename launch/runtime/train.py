@@ -108,7 +108,8 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
-        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers()))
+        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
+        loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
@@ -190,6 +191,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     several = bool(role.master) or plan.reduce_gradients is not None
     timer = StepPhaseHook(phases, cfg.phase_sample_secs, "exchange" if several else "compute",
                           remote=bool(role.master))
+    last_save = checkpoints.LastSave()
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
         ops.global_step,
@@ -202,6 +204,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         phases=phases.window_text,
         job_examples_per_step=plan.job_examples_per_step,
         process=role.label or None,
+        final_step=lambda: last_save.step,
     )
     stop_at = StopAtStepHook(last, write, job.data.epochs)
     data_end = DataEndHook(lambda: data_position.batches)
@@ -234,7 +237,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
     chief_hooks = [
-        checkpoints.saver_hook(cfg, scaffold, write, served.listeners),
+        checkpoints.saver_hook(cfg, scaffold, write, [*served.listeners, last_save]),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,

@@ -49,3 +49,57 @@ def test_a_checkpoint_from_before_the_data_position_is_one_line(tmp_path, graph)
         checkpoints.check_compatible(str(tmp_path), [weights, state])
     assert "written before towers saved the data position" in str(raised.value)
     assert "warm_start" in str(raised.value)
+
+
+def worker_hook(wait_secs: float = 60.0):
+    """A ps/worker worker's hook (it waits for the chief to settle the data state) on
+    100 built-in examples in global batches of 10, its data.seed 2; and the state."""
+    from launch.config import from_dict
+    from launch.runtime.data_state import DataPositionHook, DataState
+    from launch.runtime.hooks import LastStep
+    from launch.runtime.inputs import training_input
+    from launch.runtime.plan import make_plan
+
+    job = from_dict({"model": {"name": "mlp"}, "data": {"num_examples": 100, "seed": 2},
+                     "train": {"batch_size": 10}})
+    data = training_input(make_plan(job), 10)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    state = DataState(data, 10, 2, "/cpu:0")
+    hook = DataPositionHook(state, data, step, None, LastStep(1000), rebases=False,
+                            announce=False, wait_secs=wait_secs, resumed_from=None,
+                            write=print)
+    return hook, state, step
+
+
+@pytest.mark.parametrize("chiefs, says", [
+    (Stored(DataProgress(0, 0, 10, 100), 1, 0), "the chief's -> this worker's: data.seed 1 -> 2"),
+    (None, "this worker's train.batch_size, 10, is not the chief's, 20"),
+])
+def test_a_worker_whose_data_or_batch_differ_from_the_chiefs_is_refused_once_the_chief_trains(
+        graph, chiefs, says):
+    """The chief settles the state before its first step: once the global step moves on
+    and the state is still not this worker's, it never will be, and a restart (138)
+    would meet the same data again. So: one line, bad input (exit 2), no wait."""
+    from launch.errors import BadInput
+
+    hook, state, step = worker_hook()
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        mine = state.wanted
+        chiefs = chiefs or Stored(DataProgress(0, 0, 20, 100), mine.seed, mine.files)
+        if chiefs.files == 0:
+            chiefs = Stored(chiefs.progress, chiefs.seed, mine.files)
+        state.write(sess, chiefs)
+        sess.run(step.assign(3))  # the chief has trained since this worker's start, at 2
+        with pytest.raises(BadInput) as raised:
+            hook._settled(sess, 2)
+    assert says in str(raised.value), str(raised.value)
+
+
+def test_a_worker_whose_data_are_the_chiefs_starts_at_the_steps_position(graph):
+    hook, state, step = worker_hook(wait_secs=0)
+    with tf.compat.v1.Session() as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(step.assign(3))
+        hook.after_create_session(sess, None)
+    assert hook.progress.position(3) == 30

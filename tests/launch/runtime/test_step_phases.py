@@ -123,6 +123,29 @@ def test_with_everything_in_use_the_advice_says_what_is_left():
     assert "try" not in line
 
 
+@pytest.mark.parametrize("step_secs, short", [(0.0016, True), (0.05, False), (None, False)])
+def test_a_step_of_a_few_milliseconds_is_pointed_at_the_batch_size_not_the_precision(
+        step_secs, short):
+    """A 4-16-3 mlp on batches of 32 steps in about 1.6 ms on a CPU: its 'compute' is
+    the fixed cost of a step, which 16-bit compute or XLA would not shorten."""
+    compute = {"input": 0.1, "compute": 0.8, "exchange": 0.05, "apply": 0.05}
+    line = advice(compute, from_dict({"train": {"batch_size": 32}}), step_secs=step_secs)
+    assert ("a larger train.batch_size (now 32)" in line) is short, line
+    assert ("towers.precision" in line) is not short, line
+    if short:
+        assert "a step of 1.6 ms is mostly the fixed cost of a step" in line, line
+    waiting = {"input": 0.8, "compute": 0.1, "exchange": 0.05, "apply": 0.05}
+    assert "batch_size" not in advice(waiting, from_dict({}), step_secs=step_secs)
+
+
+def test_the_mean_step_counts_the_steps_run_before_the_first_sample():
+    phases = StepPhases()
+    phases.add(0.004)  # before any sample: charged when the first one comes
+    phases.add(0.002, {"input": 0.5, "compute": 0.5, "exchange": 0.0, "apply": 0.0})
+    assert phases.step_secs() == pytest.approx(0.003)
+    assert StepPhases().step_secs() is None
+
+
 def test_an_exchange_bound_chief_that_named_a_straggler_is_pointed_at_it():
     shares = {"input": 0.0, "compute": 0.2, "exchange": 0.78, "apply": 0.02}
     line = advice(shares, from_dict({}), Setup(ps_tasks=True, processes=3),
