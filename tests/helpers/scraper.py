@@ -3,10 +3,34 @@ milliseconds, as often as Prometheus would never dare, so a test sees the values
 served while it ran and, since a regularly scraped exporter waits for one more scrape
 at exit, its final ones too."""
 
+import random
+import socket
 import threading
 import time
 
 from helpers.scrapes import scrape
+
+
+def unclaimable_ports(count: int = 1) -> int:
+    """The first of `count` consecutive ports free now and below the kernel's ephemeral
+    range, for a server a Scraper polls before it is up. In that range the kernel hands
+    ports out to outgoing connections: to another process's, or to the scraper's own
+    connect to the port (TCP's self-connect), and the server then finds its port in
+    use. Linux (the range is read from /proc)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral = int(f.read().split()[0])
+    for first in random.sample(range(10000, ephemeral - count), 200):
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for port, held in enumerate(sockets, start=first):
+                held.bind(("", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for held in sockets:
+                held.close()
+    raise AssertionError(f"no {count} free consecutive ports below {ephemeral}")
 
 
 class Scraper:

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers.checkpoints import checkpoint_variables
 from helpers.commands import ROOT, environment, last_json, ok, run_in_process
-from helpers.scraper import Scraper
+from helpers.scraper import Scraper, unclaimable_ports
 
 from launch.config import ConfigError, from_dict
 from launch.distributed.arrangements.horovod import Rank, rank_job
@@ -72,8 +72,6 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     the ranks must leave the update what one process makes of the whole batch. Each
     rank serves its metrics on its own port (metrics.port + rank), scraped as it runs.
     The one-process runs are this process's (they need no process of their own)."""
-    from launch.distributed.local_cluster import free_ports
-
     start = tmp_path / "start"
     ok(run_in_process("train", *MLP, "--set", f"train.checkpoint_dir={start}",
                       "--set", "train.steps=1", "--set", "towers.devices=1"))
@@ -86,7 +84,7 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     # restored variables reach it by the broadcast, the two runs part ways.
     ok(run_in_process("train", *MLP, "--set", f"train.checkpoint_dir={single}",
                       "--set", "train.steps=4", "--set", "towers.devices=1"))
-    port = free_ports(1)[0]
+    port = unclaimable_ports(2)  # rank r serves on port + r
     scrapers = [Scraper(f"http://127.0.0.1:{port + rank}/metrics") for rank in (0, 1)]
     try:
         result = horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={ranks}",

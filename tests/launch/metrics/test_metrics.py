@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 import yaml
 from helpers.commands import FAST, ROOT, last_json, ok, run_in_process, start_towers
-from helpers.scraper import Scraper
+from helpers.scraper import Scraper, unclaimable_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics
@@ -482,7 +482,7 @@ def test_a_prometheus_server_scrapes_the_trainer(training):
 def test_eval_publishes_its_results(training):
     # `towers eval` in this process (a process of its own adds nothing to what it serves),
     # scraped from a thread from before its server is up.
-    port = free_port()
+    port = unclaimable_ports()
     scraper = Scraper(f"http://127.0.0.1:{port}/metrics")
     try:
         evaluated = run_in_process(
