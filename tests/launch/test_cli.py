@@ -159,6 +159,7 @@ def test_each_data_source_feeds_training(tmp_path, source):
     assert result["global_step"] == 6 and np.isfinite(result["loss"])
 
 
+@pytest.mark.e2e  # in this process, but it builds the whole training graph (~1 s)
 def test_validate_prints_the_resolved_job(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("model: {name: mlp, input_dim: 784}\ntrain: {steps: 7}\n")
