@@ -9,8 +9,7 @@ needs no second one. TFRecord files: ``launch.data.record_order``.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
+import functools
 
 import numpy as np
 
@@ -28,8 +27,9 @@ class EpochOrder:
         self.num_examples = num_examples
         self.seed = seed
         self.shuffle = shuffle
-        self._lock = threading.Lock()
-        self._kept: OrderedDict[int, np.ndarray] = OrderedDict()
+        # The epochs under way (a batch may straddle two) kept; functools' cache is
+        # thread-safe, and two threads drawing the same epoch at once draw it alike.
+        self.permutation = functools.lru_cache(maxsize=KEPT_EPOCHS)(self._permutation)
 
     def examples(self, positions: np.ndarray) -> np.ndarray:
         """positions: int64 [n] -> the index in the stored data of each, int64 [n]."""
@@ -42,18 +42,9 @@ class EpochOrder:
             found[here] = self.permutation(int(epoch))[offsets[here]]
         return found
 
-    def permutation(self, epoch: int) -> np.ndarray:
+    def _permutation(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s order: int64 [N], the stored index at each of its places."""
-        with self._lock:
-            if epoch in self._kept:
-                self._kept.move_to_end(epoch)
-                return self._kept[epoch]
-        made = permutation(self.seed, epoch, self.num_examples)
-        with self._lock:
-            self._kept[epoch] = made
-            while len(self._kept) > KEPT_EPOCHS:
-                self._kept.popitem(last=False)
-        return made
+        return permutation(self.seed, epoch, self.num_examples)
 
 
 def permutation(seed: int, epoch: int, size: int, *salt: int) -> np.ndarray:

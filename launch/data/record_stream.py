@@ -5,9 +5,12 @@ Each group of files is opened at the byte offsets its plan gives (TensorFlow's
 TFRecordDatasetV2 reads from an offset), read round robin by a deterministic
 interleave, cut into windows that are permuted (stateless, from the group's key and
 the window's number), numbered with their positions, and the records before the
-wanted position skipped. Every reader reads every record and keeps its own part of
-each global batch before parsing: parsing, decoding and augmenting are split between
-the readers, reading is not (BENCHMARKS.md measures what it costs).
+wanted position skipped. Records are numbered (origins, positions) a block or a window
+at a time, never one by one: a tf.data step per record cost more than the rest of
+reading a pre-decoded record (BENCHMARKS.md). Every reader reads every record and
+keeps its own part of each global batch before parsing: parsing, decoding and
+augmenting are split between the readers, reading is not (BENCHMARKS.md measures what
+it costs).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from launch.data.stream import AUTOTUNE, ORIGIN_FILE, Pipeline
 
 READ_BUFFER_BYTES = 256 << 10  # TFRecordDataset's default read buffer
 _WINDOW_SALT = 2
+_READ_BLOCK = 64  # records of a file numbered at once
 
 
 def ordered_records(order: RecordOrder, start: tf.Tensor, p: Pipeline) -> tf.data.Dataset:
@@ -36,18 +40,27 @@ def ordered_records(order: RecordOrder, start: tf.Tensor, p: Pipeline) -> tf.dat
     def group(files, records, offsets, first_position, window, skip, key) -> tf.data.Dataset:
         def read(file: tf.Tensor, record: tf.Tensor, offset: tf.Tensor) -> tf.data.Dataset:
             origin = file * ORIGIN_FILE + record
-            return _records_from(tf.gather(names, file), offset).enumerate().map(
-                lambda number, data: (origin + number, data))
+            # Numbered a block of records at a time (one step per block, not per record).
+            return _records_from(tf.gather(names, file), offset).batch(_READ_BLOCK).enumerate(
+            ).map(lambda number, data: (
+                origin + number * _READ_BLOCK + tf.range(tf.size(data, out_type=tf.int64)),
+                data)).unbatch()
 
         pairs = tf.data.Dataset.from_tensor_slices((files, records, offsets)).interleave(
             read, cycle_length=GROUP_FILES, block_length=1, num_parallel_calls=calls,
             deterministic=True)
-        if order.shuffle:
-            pairs = pairs.batch(order.window).enumerate().map(
-                lambda number, batch: _permuted(batch, order.seed, key, window + number)
-            ).prefetch(1).unbatch()
-        return pairs.enumerate().map(
-            lambda number, pair: (first_position + number, *pair)).skip(skip)
+        if not order.shuffle:
+            return pairs.enumerate().map(
+                lambda number, pair: (first_position + number, *pair)).skip(skip)
+        # A window at a time: permuted, and its records numbered with their positions,
+        # in one step per window rather than one per record (the cost of a record
+        # pre-decoded is mostly such per-record steps).
+        return pairs.batch(order.window).enumerate().map(
+            lambda number, batch: (
+                first_position + number * order.window
+                + tf.range(tf.size(batch[0], out_type=tf.int64)),
+                *_permuted(batch, order.seed, key, window + number))
+        ).prefetch(1).unbatch().skip(skip)
 
     return plans.flat_map(group)
 

@@ -205,6 +205,13 @@ def _kept(stage: Stage, medians: dict[int, float], base: float) -> str:
     if not medians:
         return "kept: no candidate ran"
     best = max(medians.values()) / base
-    return (f"kept: the best candidate ran {best:.2f}x, less than {1 + MARGIN:.2f}x "
+    return (f"kept: the best candidate ran {_times(best)}, less than {1 + MARGIN:.2f}x "
             "(within a shared machine's noise)" if best >= 1 else
-            f"kept: every candidate was slower (best {best:.2f}x)")
+            f"kept: every candidate was slower (best {_times(best)})")
+
+
+def _times(ratio: float) -> str:
+    """'0.97x'; a ratio that two decimals would round to 1.00 keeps a third ('0.999x'),
+    so a slower candidate never reads as 'best 1.00x'."""
+    shown = f"{ratio:.2f}"
+    return f"{ratio:.3f}x" if shown == "1.00" and ratio != 1 else f"{shown}x"

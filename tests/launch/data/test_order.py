@@ -148,3 +148,31 @@ def test_a_window_moves_a_record_only_within_it(records):
     turns = [int(f) * 1000 + r for r in range(max(COUNTS)) for f in files if COUNTS[f] > r]
     for w in range(0, len(turns), window):
         assert sorted(shuffled[w:w + window]) == sorted(turns[w:w + window])
+
+
+@pytest.mark.parametrize("window", [0, 50])
+def test_each_record_is_named_by_its_file_and_index_past_a_reads_first_block(tmp_path, window):
+    """The (position, origin, record) stream: origin names the record's file and index
+    (what a bad record's message names), also past the records of a file numbered at
+    once, from any start; positions count on by one."""
+    from launch.data.record_stream import ordered_records
+    from launch.data.stream import ORIGIN_FILE, Pipeline
+
+    src = source({"source": "tfrecord", "path": write_numbered(tmp_path, (150, 70)),
+                  "shuffle_buffer": window})
+    order = RecordOrder(src.index(), 0, window)
+    for start in (0, 97):
+        with tf.Graph().as_default():
+            stream = ordered_records(order, tf.constant(start, tf.int64),
+                                     Pipeline(1, window, 1, 1, 0, True, True))
+            position, origin, record = tf.compat.v1.data.make_one_shot_iterator(
+                stream.take(220 - start)).get_next()
+            parsed = tf.io.parse_single_example(
+                record, {"features": tf.io.FixedLenFeature([1], tf.float32)})["features"]
+            seen = []
+            with tf.compat.v1.Session() as sess:
+                for _ in range(220 - start):
+                    seen.append(sess.run([position, origin, parsed]))
+        assert [int(p) for p, _, _ in seen] == list(range(start, 220))
+        for _, o, value in seen:
+            assert (o // ORIGIN_FILE) * 1000 + o % ORIGIN_FILE == int(value[0])
