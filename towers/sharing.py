@@ -362,15 +362,19 @@ def _synced_flag(device: str) -> tf.Variable:
 
 
 def _move_to_replica_copies(var: tf.Variable) -> None:
-    """Keep a replica's state out of checkpoints and the standard initializers."""
+    """Keep a replica's state out of checkpoints and the standard initializers.
+
+    The collections are searched by identity: `var in collection` would call every
+    variable's __eq__ (Python), for each of a replicated model's copies and slots, a
+    cost that grows with the square of the model's variable count."""
     graph = var.graph
     keys = tf.compat.v1.GraphKeys
     for key in (keys.GLOBAL_VARIABLES, keys.TRAINABLE_VARIABLES):
         collection = graph.get_collection_ref(key)
-        if var in collection:
-            collection.remove(var)
-    if var not in graph.get_collection(REPLICA_COPIES):
-        graph.add_to_collection(REPLICA_COPIES, var)
+        collection[:] = [v for v in collection if v is not var]
+    copies = graph.get_collection_ref(REPLICA_COPIES)
+    if not any(v is var for v in copies):
+        copies.append(var)
 
 
 def _slots(optimizer: tf.compat.v1.train.Optimizer, variables: list[tf.Variable]) -> list:

@@ -5,16 +5,18 @@ The figures themselves are never asserted: they depend on the machine and its lo
 
 import csv
 import json
+import pathlib
 import re
 import shutil
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 from helpers.commands import environment, run_in_process, towers_command
 
 from launch.bench import MODES
-from launch.bench.settings import FLOAT32
+from launch.bench.settings import FLOAT32, Row
 
 # A 8-16-2 MLP: 8*16 + 16 + 16*2 + 2 = 178 float32 trainable values.
 TINY = ["--set", "model.name=mlp", "--set", "model.input_dim=8",
@@ -40,43 +42,72 @@ def loud_environment() -> dict:
     return {**environment(), "TF_CPP_MIN_LOG_LEVEL": "0"}
 
 
-def run_bench(*args: str, timeout: float = 420, env=None) -> subprocess.CompletedProcess:
-    env = dict(env or environment())
-    # No horovodrun on this PATH, so the horovod row takes its skip path
-    # whether or not Horovod is installed here (sys.executable is absolute).
-    env["PATH"] = "/usr/bin:/bin"
-    return subprocess.run(towers_command("bench", *TINY, *args), env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+class EveryMode(NamedTuple):
+    result: subprocess.CompletedProcess  # the bench's
+    out: pathlib.Path  # its --out
+    horovod: bool  # whether Horovod is installed here
+    control: str  # what a bare TensorFlow import prints to stderr here
+
+
+def probe_horovod_and_tensorflow() -> tuple[bool, str]:
+    """Whether Horovod is installed here, and the start-up notices TensorFlow prints
+    when it loads in the environment the bench runs in: one fresh process for both."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tensorflow\nimport horovod.tensorflow"],
+        env=loud_environment(), capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL)
+    return shutil.which("horovodrun") is not None and probe.returncode == 0, probe.stderr
 
 
 @pytest.fixture(scope="module")
-def every_mode(tmp_path_factory):
+def every_mode(tmp_path_factory) -> EveryMode:
+    """Every mode at 1 and 2 devices in one run, the horovod row's real ranks included
+    where Horovod is installed (without it the row says why it is skipped)."""
     out = tmp_path_factory.mktemp("bench")
-    result = run_bench(*SHORT, "--towers", "1,2", "--repeats", "2", "--runs", "1",
-                       "--out", str(out), "--profile", str(out / "profile"),
-                       env=loud_environment())
+    result = subprocess.run(
+        towers_command("bench", *TINY, *SHORT, "--towers", "1,2", "--repeats", "2",
+                       "--runs", "1", "--out", str(out), "--profile", str(out / "profile")),
+        env=loud_environment(), capture_output=True, text=True, timeout=600,
+        stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
-    return result, out
+    return EveryMode(result, out, *probe_horovod_and_tensorflow())
 
 
 @pytest.mark.e2e
 def test_every_mode_measures_a_rate_or_says_why_not(every_mode):
-    result, _ = every_mode
+    result, horovod = every_mode.result, every_mode.horovod
     lines = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert lines[0].startswith("| mode | devices | variant | examples/sec median |")
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
     assert [(c[0], int(c[1]), c[2]) for c in cells] == [("1 device", 1, "float32")] + [
         (m, 2, "float32") for m in MODES]
-    for row in cells[:-1]:
-        assert float(row[3]) > 0  # a rate was measured
-    assert cells[-1][3].startswith("skipped: horovodrun is not on PATH")
+    measured = cells if horovod else cells[:-1]
+    for row in measured:
+        assert float(row[3]) > 0, row  # a rate was measured
+    if not horovod:
+        assert cells[-1][3].startswith("skipped: "), cells[-1]
+
+
+def test_without_horovodrun_the_horovod_row_is_skipped_and_says_why(monkeypatch):
+    """What the bench does for the horovod row where horovodrun is not on PATH, as
+    without Horovod installed (the rows run where it is: every_mode)."""
+    from launch.bench.report import markdown_table
+    from launch.bench.runs import horovod_missing
+    from launch.bench.throughput import cannot_run
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    row = Row("horovod", 2, FLOAT32)
+    row.skipped = cannot_run(row, horovod_missing())
+    table = markdown_table([row]).splitlines()
+    assert table[-1].startswith("| horovod | 2 | float32 | skipped: horovodrun is not on PATH "
+                                "(install Horovod: make horovod) |"), table
 
 
 @pytest.mark.e2e
 def test_profile_writes_a_trace_of_each_in_process_row_where_tensorboard_finds_it(every_mode):
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    result, out = every_mode
+    result, out = every_mode.result, every_mode.out
     traces = dict(re.findall(r"towers: profile of 5 steps of (.+?) on \d device\(s\) "
                              r"\(float32\): (\S+)", result.stderr))
     assert set(traces) == {"1 device", "parameter_server", "replicated", "mirrored"}
@@ -93,19 +124,15 @@ def test_profile_writes_a_trace_of_each_in_process_row_where_tensorboard_finds_i
 
 @pytest.mark.e2e
 def test_tensorflow_startup_notices_stay_out_of_the_output(every_mode):
-    """The in-process rows' processes and the ps_worker run all load TensorFlow."""
-    control = subprocess.run([sys.executable, "-c", "import tensorflow"], env=loud_environment(),
-                             capture_output=True, text=True, timeout=120,
-                             stdin=subprocess.DEVNULL)
-    if not startup_notices(control.stderr):
+    """The in-process rows' processes and the multi-process rows all load TensorFlow."""
+    if not startup_notices(every_mode.control):
         pytest.skip("TensorFlow prints no start-up notices on this machine")
-    result, _ = every_mode
-    assert startup_notices(result.stdout + result.stderr) == []
+    assert startup_notices(every_mode.result.stdout + every_mode.result.stderr) == []
 
 
 @pytest.mark.e2e
 def test_json_rows_have_blocks_ratios_and_gradient_bytes(every_mode):
-    _, out = every_mode
+    out, horovod = every_mode.out, every_mode.horovod
     report = json.loads((out / "bench.json").read_text())
     rows = {(r["mode"], r["devices"]): r for r in report["rows"]}
     assert report["run"]["model"] == "mlp" and report["run"]["global_batch"] == 16
@@ -116,7 +143,7 @@ def test_json_rows_have_blocks_ratios_and_gradient_bytes(every_mode):
         assert rows[(mode, 2)]["blocks"] == 2  # --repeats
     assert rows[("ps_worker", 2)]["blocks"] == 1  # --runs
     for key, row in rows.items():
-        if key[0] == "horovod":
+        if key[0] == "horovod" and not horovod:
             assert row["skipped"] and row["examples_per_sec_median"] is None
             continue
         assert row["skipped"] is None
@@ -128,13 +155,16 @@ def test_json_rows_have_blocks_ratios_and_gradient_bytes(every_mode):
     assert gradient[("1 device", 1)] == 0
     assert gradient[("parameter_server", 2)] == gradient[("ps_worker", 2)] == 2 * TRAINABLE_BYTES
     assert gradient[("replicated", 2)] == gradient[("mirrored", 2)] == 2 * TRAINABLE_BYTES
+    if horovod:
+        assert gradient[("horovod", 2)] == 2 * TRAINABLE_BYTES
+        assert rows[("horovod", 2)]["blocks"] == 1  # --runs
     blocks = {(b["mode"], b["devices"]): b["examples_per_sec"] for b in report["blocks"]}
     assert len(blocks[("replicated", 2)]) == 2
 
 
 @pytest.mark.e2e
 def test_csv_matches_the_json(every_mode):
-    _, out = every_mode
+    out = every_mode.out
     with open(out / "bench.csv", newline="") as f:
         table = list(csv.DictReader(f))
     report = json.loads((out / "bench.json").read_text())
@@ -147,7 +177,7 @@ def test_csv_matches_the_json(every_mode):
 
 @pytest.mark.e2e
 def test_plot_is_a_png_image(every_mode):
-    _, out = every_mode
+    out = every_mode.out
     from matplotlib import image
 
     pixels = image.imread(out / "bench.png")
@@ -156,7 +186,9 @@ def test_plot_is_a_png_image(every_mode):
 
 @pytest.mark.e2e
 def test_memory_report_shows_one_set_of_variables_for_8_towers(tmp_path):
-    result = run_bench("--memory", "30", *SHORT, "--accumulate", "2", "--out", str(tmp_path))
+    # The command in this process (its rows are processes of their own either way).
+    result = run_in_process("bench", *TINY, "--memory", "30", *SHORT, "--accumulate", "2",
+                            "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| towers | peak RSS MiB |" in result.stdout
     assert "| accumulate_steps | micro-batch | peak RSS MiB |" in result.stdout
@@ -192,24 +224,16 @@ def test_bad_options_exit_2_with_one_line(args, message):
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
 
 
-# Runs one in-process row's builder from launch.bench in a fresh interpreter (the
-# mirrored row needs eager mode and logical devices, the towers rows graph mode).
-STEPS_FROM = """
+RESNET = ("resnet20", {"image_size": 8, "base_filters": 2})
+# The mirrored row's builder from launch.bench in a fresh interpreter: TF2 code, which
+# needs eager mode and its logical devices set before TensorFlow starts (the towers
+# rows build graphs: in the test's own process).
+MIRRORED_STEPS = f"""
 import sys, numpy as np, models
 from launch import bench
-from launch.log import use_graph_mode
-mode, devices, initial, final = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-if mode != "mirrored":
-    use_graph_mode()
-model = models.build("resnet20", {"image_size": 8, "base_filters": 2})
-if mode == "mirrored":
-    case = bench.build_mirrored_case(model, 16, devices)
-else:
-    case = bench.build_towers_case(model, 16, mode, devices)
-if initial != "-":
-    case.write(dict(np.load(initial)))
-else:
-    np.savez(final + ".initial.npz", **case.read())
+initial, final = sys.argv[1], sys.argv[2]
+case = bench.build_mirrored_case(models.build(*{RESNET!r}), 16, 2)
+case.write(dict(np.load(initial)))
 case.run(3)
 np.savez(final, **case.read())
 """
@@ -221,19 +245,23 @@ def test_mirrored_row_trains_the_same_model_maths_as_the_towers(tmp_path):
     agree on every trainable variable (batch norm, weight decay and momentum included)."""
     import numpy as np
 
-    def steps(mode: str, initial: str, final) -> dict:
-        done = subprocess.run(
-            [towers_command()[0], "-c", STEPS_FROM, mode, "2", initial, str(final)],
-            env=environment(), capture_output=True, text=True, timeout=240,
-            stdin=subprocess.DEVNULL,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return dict(np.load(final))
+    import models
+    from launch import bench
+    from launch.log import use_graph_mode
 
-    towers = steps("parameter_server", "-", tmp_path / "towers.npz")
-    mirrored = steps("mirrored", str(tmp_path / "towers.npz.initial.npz"),
-                     tmp_path / "mirrored.npz")
-    initial = dict(np.load(tmp_path / "towers.npz.initial.npz"))
+    use_graph_mode()  # as each towers row's process takes it
+    case = bench.build_towers_case(models.build(*RESNET), 16, "parameter_server", 2)
+    initial = case.read()
+    np.savez(tmp_path / "initial.npz", **initial)
+    case.run(3)
+    towers = case.read()
+    done = subprocess.run(
+        [sys.executable, "-c", MIRRORED_STEPS, str(tmp_path / "initial.npz"),
+         str(tmp_path / "mirrored.npz")],
+        env=environment(), capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    mirrored = dict(np.load(tmp_path / "mirrored.npz"))
     assert sorted(mirrored) == sorted(towers) and len(towers) > 20
     changed = [name for name in towers if not np.allclose(towers[name], initial[name])]
     assert len(changed) == len(towers), set(towers) - set(changed)  # the steps trained
@@ -254,31 +282,10 @@ def test_horovod_rate_is_rank_0s_last_result(prefix):
 
 
 @pytest.mark.e2e
-def test_the_horovod_row_runs_real_ranks_when_horovod_is_installed(tmp_path):
-    probe = subprocess.run([sys.executable, "-c", "import horovod.tensorflow"],
-                           env=environment(), capture_output=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
-    if shutil.which("horovodrun") is None or probe.returncode:
-        pytest.skip("horovod is not installed (`make horovod` builds it)")
-    result = subprocess.run(
-        towers_command("bench", *TINY, *SHORT, "--towers", "2", "--modes", "horovod",
-                       "--runs", "1", "--out", str(tmp_path)),
-        env=loud_environment(), capture_output=True, text=True, timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert startup_notices(result.stdout + result.stderr) == []
-    rows = {(r["mode"], r["devices"]): r
-            for r in json.loads((tmp_path / "bench.json").read_text())["rows"]}
-    horovod = rows[("horovod", 2)]
-    assert horovod["skipped"] is None and horovod["examples_per_sec_median"] > 0
-    assert horovod["gradient_bytes_per_step"] == 2 * TRAINABLE_BYTES
-
-
-@pytest.mark.e2e
 def test_precision_rows_side_by_side_with_flops_and_the_share_of_peak(tmp_path):
-    result = run_bench(*SHORT, "--towers", "1", "--repeats", "2",
-                       "--precision", "float32,mixed_bfloat16", "--out", str(tmp_path))
+    # The command in this process (its rows are processes of their own either way).
+    result = run_in_process("bench", *TINY, *SHORT, "--towers", "1", "--repeats", "2",
+                            "--precision", "float32,mixed_bfloat16", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["mode"], r["devices"], r["variant"]): r for r in report["rows"]}

@@ -7,14 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers.checkpoints import checkpoint_variables
-from helpers.commands import ROOT, environment, last_json, ok, run_towers
-from helpers.scrapes import scrape
+from helpers.commands import ROOT, environment, last_json, ok, run_in_process
+from helpers.scraper import Scraper, unclaimable_ports
 
 from launch.config import ConfigError, from_dict
 from launch.distributed.arrangements.horovod import Rank, rank_job
@@ -70,10 +69,12 @@ def rank_results(stdout: str) -> dict[int, dict]:
 @needs_horovod
 def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     """Each rank also runs its share as 2 micro-batches on 2 towers: accumulation inside
-    the ranks must leave the update what one process makes of the whole batch."""
+    the ranks must leave the update what one process makes of the whole batch. Each
+    rank serves its metrics on its own port (metrics.port + rank), scraped as it runs.
+    The one-process runs are this process's (they need no process of their own)."""
     start = tmp_path / "start"
-    ok(run_towers("train", *MLP, "--set", f"train.checkpoint_dir={start}",
-                  "--set", "train.steps=1", "--set", "towers.devices=1"))
+    ok(run_in_process("train", *MLP, "--set", f"train.checkpoint_dir={start}",
+                      "--set", "train.steps=1", "--set", "towers.devices=1"))
     single, ranks = tmp_path / "single", tmp_path / "horovod"
     shutil.copytree(start, single)
     shutil.copytree(start, ranks)
@@ -81,12 +82,21 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
 
     # Both resume at step 1. Rank 1 has no checkpoint of its own: unless rank 0's
     # restored variables reach it by the broadcast, the two runs part ways.
-    ok(run_towers("train", *MLP, "--set", f"train.checkpoint_dir={single}",
-                  "--set", "train.steps=4", "--set", "towers.devices=1"))
-    result = horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={ranks}",
-                        "--set", "train.steps=4", "--set", "train.accumulate_steps=2",
-                        "--set", "towers.devices=2", "--backend", "horovod")
+    ok(run_in_process("train", *MLP, "--set", f"train.checkpoint_dir={single}",
+                      "--set", "train.steps=4", "--set", "towers.devices=1"))
+    port = unclaimable_ports(2)  # rank r serves on port + r
+    scrapers = [Scraper(f"http://127.0.0.1:{port + rank}/metrics") for rank in (0, 1)]
+    try:
+        result = horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={ranks}",
+                            "--set", "train.steps=4", "--set", "train.accumulate_steps=2",
+                            "--set", "towers.devices=2", "--set", f"metrics.port={port}",
+                            "--backend", "horovod")
+    finally:
+        for scraper in scrapers:
+            scraper.stop()
     assert result.returncode == 0, result.stderr[-3000:]
+    for rank, scraper in enumerate(scrapers):
+        assert_served_a_step(scraper.texts, rank)
 
     results = rank_results(result.stdout)
     assert sorted(results) == [0, 1], result.stdout[-2000:]
@@ -120,48 +130,21 @@ def test_two_ranks_resume_and_match_one_process_on_the_combined_batch(tmp_path):
     assert sorted(f for f in os.listdir(ranks) if "tfevents" not in f) == files
 
 
-@pytest.mark.e2e
-@needs_horovod
-def test_every_rank_serves_metrics_on_its_own_port_with_a_rank_label(tmp_path):
-    from launch.distributed.local_cluster import free_ports
-
-    port = free_ports(1)[0]
-    proc = start_horovodrun(2, "train", *MLP, "--set", f"train.checkpoint_dir={tmp_path / 'c'}",
-                            "--set", "train.steps=100000", "--set", f"metrics.port={port}",
-                            "--backend", "horovod", output=subprocess.DEVNULL)
-    try:
-        for rank in (0, 1):
-            text = scrape_when_training(f"http://127.0.0.1:{port + rank}/metrics", deadline=120)
-            assert re.search(rf'towers_global_step{{[^}}]*rank="{rank}"', text), text[:2000]
-            assert f'task="{rank}"' in text
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def assert_served_a_step(texts: list[str], rank: int) -> None:
+    """Some scrape of the rank's port shows a step taken, labelled with its rank and task."""
+    stepped = [t for t in texts
+               if re.search(rf'^towers_global_step{{[^}}]*rank="{rank}"[^}}]*}} [1-9]', t,
+                            re.MULTILINE)]
+    assert stepped, f"rank {rank}: no scrape showed a step; last: {(texts or [''])[-1][:2000]}"
+    assert f'task="{rank}"' in stepped[-1]
 
 
-def scrape_when_training(url: str, deadline: float) -> str:
-    """The first scrape of url that shows a step taken; fails after deadline seconds."""
-    ends = time.monotonic() + deadline
-    text = ""
-    while time.monotonic() < ends:
-        text = scrape(url) or text
-        if re.search(r"^towers_global_step{.*} [1-9]", text, re.MULTILINE):
-            return text
-        time.sleep(0.5)
-    raise AssertionError(f"no training step seen at {url} in {deadline} s; last: {text[:500]}")
-
-
-@pytest.mark.e2e
-def test_without_horovod_it_says_how_to_install_and_exits_2(tmp_path):
-    # A horovod package that fails to import, as when it is not installed.
-    shadow = tmp_path / "shadow" / "horovod"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('No module named horovod')\n")
-    env = environment()
-    env["PYTHONPATH"] = f"{shadow.parent}{os.pathsep}{env['PYTHONPATH']}"
-    result = subprocess.run([sys.executable, "-m", "launch", "train", "--backend", "horovod",
-                             "--set", f"train.checkpoint_dir={tmp_path / 'c'}"],
-                            env=env, capture_output=True, text=True, timeout=120)
+def test_without_horovod_it_says_how_to_install_and_exits_2(tmp_path, monkeypatch):
+    # No horovod to import, as when it is not installed (None in sys.modules stops the
+    # import). What a process of its own prints besides is checked in test_bad_input.
+    monkeypatch.setitem(sys.modules, "horovod", None)
+    result = run_in_process("train", "--backend", "horovod",
+                            "--set", f"train.checkpoint_dir={tmp_path / 'c'}")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "make horovod" in lines[0], result.stderr

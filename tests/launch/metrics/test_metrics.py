@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import pytest
 import tensorflow as tf
 import yaml
-from helpers.commands import FAST, ROOT, last_json, start_towers
+from helpers.commands import FAST, ROOT, last_json, ok, run_in_process, start_towers
+from helpers.scraper import Scraper, unclaimable_ports
 from prometheus_client.parser import text_string_to_metric_families
 
 from launch import metrics
@@ -303,32 +304,6 @@ class Lines:
         return "".join(self.lines)
 
 
-class Scraper:
-    """Scrapes a URL every `every` seconds until the server goes away or stop() is called."""
-
-    def __init__(self, url: str, every: float = 0.05):
-        self.url, self.every = url, every
-        self.texts: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        deadline = time.monotonic() + 120  # bounded, whatever happens
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            try:
-                status, text = get(self.url, timeout=5)
-            except OSError:  # the exporter has shut down with its process
-                return
-            if status == 200:
-                self.texts.append(text)
-            time.sleep(self.every)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 def start_prometheus(directory, targets_file: str):
     """A real Prometheus on loopback, scraping every 1 s the targets in targets_file."""
     binary = require("prometheus")
@@ -505,23 +480,19 @@ def test_a_prometheus_server_scrapes_the_trainer(training):
 
 @pytest.mark.e2e
 def test_eval_publishes_its_results(training):
-    evaluator = start_towers(
-        "eval", *FAST, "--set", f"train.checkpoint_dir={training.checkpoint_dir}",
-        "--set", f"run.name={RUN}", "--set", "metrics.port=0",
-    )
-    scraper = None
+    # `towers eval` in this process (a process of its own adds nothing to what it serves),
+    # scraped from a thread from before its server is up.
+    port = unclaimable_ports()
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics")
     try:
-        stderr = Lines(evaluator.stderr)
-        url = stderr.wait_for("metrics on http://", timeout=60).split("metrics on ")[1].strip()
-        scraper = Scraper(url)
-        evaluator.wait(timeout=120)  # stderr is the Lines thread's to read
-        out = evaluator.stdout.read()
-        assert evaluator.returncode == 0, stderr.text()[-3000:]
+        evaluated = run_in_process(
+            "eval", *FAST, "--set", f"train.checkpoint_dir={training.checkpoint_dir}",
+            "--set", f"run.name={RUN}", "--set", f"metrics.port={port}",
+        )
     finally:
-        if scraper is not None:
-            scraper.stop()
-        stop_by_pid(evaluator)
-    result = last_json(out)
+        scraper.stop()
+    result = ok(evaluated)
+    assert scraper.texts, "nothing was scraped from the evaluator"
     final = scraper.texts[-1]
     assert value(final, "towers_eval_global_step") == result["global_step"]
     assert value(final, "towers_eval_loss") == pytest.approx(result["loss"])

@@ -7,7 +7,8 @@ of the built-in models there, which tests/launch/distributed covers); `towers ev
 reads each checkpoint; the exported SavedModels, loaded in a fresh process, predict
 what `towers eval --predictions` did on the same examples. An installed package's
 entry point names a model; the user's own bug is reported as theirs. The runs share
-one module fixture and go three at a time.
+one module fixture: the cluster jobs run in processes of their own, the other commands
+through their main() in this process meanwhile, and a fresh process serves the exports.
 """
 
 import os
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from helpers.commands import ROOT, environment, last_json, ok, run_towers
+from helpers.commands import ROOT, environment, last_json, ok, run_in_process, run_towers
 from helpers.doc_pages import snippet as docs_snippet
 
 # One fixture runs everything; on a machine other test runs share it can take longer
@@ -85,30 +86,31 @@ def python(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
 
 
-def in_process_run(kind: str, data: str, base: str) -> dict:
-    """train, eval --predictions, export (validate too for the builder)."""
+def local_run(kind: str, data: str, base: str) -> dict:
+    """validate (the builder), train, eval --predictions, export, each through the
+    command's own main() in this process (a fresh process serves the exports)."""
     ckpt, out = os.path.join(base, f"{kind}-train"), os.path.join(base, f"{kind}-export")
-    found = {}
-    if kind == "keras":
-        found["validate"] = towers_run("validate", *job_args(kind, data, ckpt))
-    found["train"] = towers_run("train", *job_args(kind, data, ckpt))
+    args = job_args(kind, data, ckpt)
+    found = {"validate": run_in_process("validate", *args)} if kind == "keras" else {}
+    found["train"] = run_in_process("train", *args)
     predictions = os.path.join(base, f"{kind}-eval.npy")
-    found["eval"] = towers_run("eval", *job_args(kind, data, ckpt), "--predictions", predictions)
-    found["export"] = towers_run("export", *job_args(kind, data, ckpt), "--out", out)
+    found["eval"] = run_in_process("eval", *args, "--predictions", predictions)
+    found["export"] = run_in_process("export", *args, "--out", out)
     return found
 
 
-def cluster_run(kind: str, data: str, base: str, how: str) -> dict:
-    """A whole job as 1 ps + 2 workers, or as two Horovod ranks; then eval its checkpoint."""
-    ckpt = os.path.join(base, f"{kind}-{how}")
-    args = job_args(kind, data, ckpt, steps=CLUSTER_STEPS)
+def cluster_args(kind: str, data: str, base: str, how: str) -> list[str]:
+    return job_args(kind, data, os.path.join(base, f"{kind}-{how}"), steps=CLUSTER_STEPS)
+
+
+def cluster_run(kind: str, data: str, base: str, how: str) -> subprocess.CompletedProcess | None:
+    """A whole job as 1 ps + 2 workers, or as two Horovod ranks (None: no Horovod here)."""
+    args = cluster_args(kind, data, base, how)
     if how == "local-cluster":
-        run = towers_run("local-cluster", "--ps", "1", "--workers", "2", *args)
-    elif _horovod_ready():
-        run = horovodrun("train", *args, "--backend", "horovod")
-    else:
-        return {}
-    return {"run": run, "eval": towers_run("eval", *args)}
+        return towers_run("local-cluster", "--ps", "1", "--workers", "2", *args)
+    if _horovod_ready():
+        return horovodrun("train", *args, "--backend", "horovod")
+    return None
 
 
 ENTRY_POINT_MODULE = """
@@ -124,8 +126,9 @@ def build(units=4):
 """
 
 
-def entry_point_run(data: str, base: str) -> dict:
-    """A package installed as a bare *.dist-info on PYTHONPATH, registering `mynet`."""
+def install_entry_point_package(base: str) -> str:
+    """A package installed as a bare *.dist-info in a folder of its own, registering
+    `mynet`; returns the folder (the entry on sys.path that installs it)."""
     site = os.path.join(base, "site")
     os.makedirs(os.path.join(site, "their_models"))
     with open(os.path.join(site, "their_models", "__init__.py"), "w") as f:
@@ -136,19 +139,27 @@ def entry_point_run(data: str, base: str) -> dict:
         f.write("Metadata-Version: 2.1\nName: their-models\nVersion: 1.0\n")
     with open(os.path.join(info, "entry_points.txt"), "w") as f:
         f.write("[towers.models]\nmynet = their_models:build\n")
-    env = environment()
-    env["PYTHONPATH"] = site + os.pathsep + env["PYTHONPATH"]
-    ckpt = os.path.join(base, "mynet")
-    args = ["--set", "model.name=mynet", "--set", "model.units=10", "--set", "data.source=npz",
-            "--set", f"data.path={data}/train.npz", "--set", f"train.checkpoint_dir={ckpt}",
+    return site
+
+
+def entry_point_args(data: str, base: str) -> list[str]:
+    return ["--set", "model.name=mynet", "--set", "model.units=10", "--set", "data.source=npz",
+            "--set", f"data.path={data}/train.npz",
+            "--set", f"train.checkpoint_dir={os.path.join(base, 'mynet')}",
             "--set", "train.steps=3", "--set", "train.batch_size=32"]
 
-    def towers(*command):
-        return subprocess.run([sys.executable, "-m", "launch", *command], env=env, cwd=base,
-                              capture_output=True, text=True, timeout=TIMEOUT,
-                              stdin=subprocess.DEVNULL)
 
-    return {"validate": towers("validate", *args), "train": towers("train", *args)}
+def entry_point_runs(data: str, base: str) -> dict:
+    """`towers validate` and `towers train` through main() in this process, with the
+    package's folder on sys.path as PYTHONPATH puts it there for a process."""
+    site = os.path.join(base, "site")
+    sys.path.insert(0, site)
+    try:
+        return {command: run_in_process(command, *entry_point_args(data, base), cwd=base)
+                for command in ("validate", "train")}
+    finally:
+        sys.path.remove(site)
+        sys.modules.pop("their_models", None)
 
 
 BROKEN = """
@@ -177,7 +188,7 @@ def broken_run(data: str, base: str) -> subprocess.CompletedProcess:
         f.write(f"model: {{name: 'broken_model:model_fn'}}\n"
                 f"data: {{source: npz, path: {data}/train.npz}}\n"
                 f"towers: {{devices: 2}}\ntrain: {{checkpoint_dir: {folder}/ckpt}}\n")
-    return towers_run("train", "-c", os.path.join(folder, "job.yaml"))
+    return run_in_process("train", "-c", os.path.join(folder, "job.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -187,18 +198,24 @@ def runs(tmp_path_factory):
     digits = np.load(os.path.join(ROOT, "tests", "data", "digits.npz"))
     runpy.run_path(os.path.join(EXAMPLES, "digits.py"))["write"](
         digits["images"], digits["target"], data)
-    jobs = {
-        **{f"{kind}-local": (in_process_run, kind, data, base) for kind in KINDS},
+    install_entry_point_package(base)
+    # Before the threads start: they work in another directory for a moment.
+    found = {"entry-point": entry_point_runs(data, base)}
+    # The cluster jobs, processes by nature, in threads while this process runs the
+    # other commands through their main() (which holds this process's stdout and
+    # stderr while it runs: one at a time, here).
+    with ThreadPoolExecutor(max_workers=2) as pool:
         # The TF1 model takes the same cluster paths as the built-in ones
         # (tests/launch/distributed); the Keras one is new there.
-        "keras-local-cluster": (cluster_run, "keras", data, base, "local-cluster"),
-        "keras-horovod": (cluster_run, "keras", data, base, "horovod"),
-        "entry-point": (entry_point_run, data, base),
-        "broken": (broken_run, data, base),
-    }
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {name: pool.submit(job[0], *job[1:]) for name, job in jobs.items()}
-        found = {name: future.result() for name, future in futures.items()}
+        futures = {how: pool.submit(cluster_run, "keras", data, base, how)
+                   for how in ("local-cluster", "horovod")}
+        for kind in KINDS:
+            found[f"{kind}-local"] = local_run(kind, data, base)
+        found["broken"] = broken_run(data, base)
+        ran = {how: future.result() for how, future in futures.items()}
+    for how in ("local-cluster", "horovod"):
+        evaluated = ran[how] and run_in_process("eval", *cluster_args("keras", data, base, how))
+        found[f"keras-{how}"] = {"run": ran[how], "eval": evaluated} if ran[how] else {}
     found["serve"] = python("-c", SERVE_BOTH, f"{data}/eval.npz", EXAMPLES, base,
                             docs_snippet("net.load_weights"))
     found["base"] = base

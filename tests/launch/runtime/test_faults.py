@@ -5,6 +5,10 @@ Each test asserts the outcome (exit status, one clear line, no traceback) and th
 was lost, by reading the checkpoints back: the global step is never below the last one
 reported saved, every checkpoint on disk restores, and none holds NaN or Inf. Every
 process a test starts is stopped by pid in a finally block; every wait is bounded.
+
+A trainer the test signals, kills or starves is a process of its own; a run that needs
+no such thing (a diverging job, a restart, a second trainer beside the first) goes
+through the command's main() in this process (helpers/commands.run_in_process).
 """
 
 import os
@@ -16,14 +20,22 @@ import time
 
 import pytest
 from helpers.checkpoints import assert_nothing_lost, checkpoint_variables
-from helpers.commands import Cluster, Process, last_json, ok, overrides, run_towers, saved_steps
+from helpers.commands import (
+    Cluster,
+    Process,
+    last_json,
+    ok,
+    overrides,
+    run_in_process,
+    saved_steps,
+)
 from helpers.faults import job, poisoned_csv, rows_with_dropout
 
 from launch.config import load_job
 from launch.distributed.local_cluster import free_ports
 from launch.runtime.train import train
 
-pytestmark = pytest.mark.e2e  # every test here starts processes
+pytestmark = pytest.mark.e2e  # every test here trains or starts processes
 
 DIVERGED, RESOURCE, PEER_LOST = 3, 4, 138
 def assert_one_clear_line(result, *phrases):
@@ -41,7 +53,7 @@ def test_nan_gradient_stops_the_job_with_status_3_and_the_last_good_checkpoint(t
     # The marked example of step 25 leaves the loss finite but not the gradient
     # (helpers/diverging_model.py): a loss-only check (NanTensorHook) would let this
     # update through.
-    result = run_towers("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]))
+    result = run_in_process("train", *job(ckpt, 40), *poisoned_csv(tmp_path / "d.csv", [25]))
     assert result.returncode == DIVERGED, result.stderr[-3000:]
     assert_one_clear_line(result, "training diverged", "non-finite", "model.ckpt-20")
     assert saved_steps(result.stderr) == [0, 10, 20]
@@ -52,9 +64,10 @@ def test_skip_policy_drops_poisoned_steps_and_gives_up_after_too_many_in_a_row(t
     ckpt = tmp_path / "ckpt"
     # Step 15 alone is poisoned, then steps 25 to 28: skipping 15 goes on, the fourth
     # in a row (one more than allowed) ends the job.
-    result = run_towers("train", *job(ckpt, 40),
-                        *poisoned_csv(tmp_path / "d.csv", [15, 25, 26, 27, 28]),
-                        "--set", "train.on_nonfinite=skip", "--set", "train.max_nonfinite_steps=3")
+    result = run_in_process("train", *job(ckpt, 40),
+                            *poisoned_csv(tmp_path / "d.csv", [15, 25, 26, 27, 28]),
+                            "--set", "train.on_nonfinite=skip",
+                            "--set", "train.max_nonfinite_steps=3")
     assert result.returncode == DIVERGED, result.stderr[-3000:]
     assert_one_clear_line(result, "4 steps in a row", "train.max_nonfinite_steps is 3",
                           "model.ckpt-20")
@@ -69,7 +82,7 @@ def test_skip_policy_drops_poisoned_steps_and_gives_up_after_too_many_in_a_row(t
 
 def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores(tmp_path):
     ckpt = tmp_path / "ckpt"
-    ok(run_towers("train", *job(ckpt, 30)))
+    ok(run_in_process("train", *job(ckpt, 30)))
     # Two kinds of damage at once: the newest data file cut short (a crash or a full
     # disk mid-write), and a state file naming a checkpoint whose files are gone.
     with open(ckpt / "model.ckpt-30.data-00000-of-00001", "r+b") as f:
@@ -77,7 +90,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores
     (ckpt / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-40"\n' + "".join(
         f'all_model_checkpoint_paths: "model.ckpt-{s}"\n' for s in (0, 10, 20, 30, 40)))
     started = time.monotonic()
-    result = run_towers("train", *job(ckpt, 40))
+    result = run_in_process("train", *job(ckpt, 40))
     summary = ok(result)
     assert "model.ckpt-40 cannot be restored: its files are missing" in result.stderr
     assert "model.ckpt-30 cannot be restored" in result.stderr
@@ -122,7 +135,7 @@ def test_sigterm_saves_within_30_s_exits_0_and_the_restart_resumes_there(tmp_pat
     assert summary["stopped_by"] == "signal"
     assert assert_nothing_lost(ckpt, reported[-1]) == summary["global_step"] >= reported[-1]
     args = job(ckpt, summary["global_step"] + 20, 200, *rows)
-    resumed = run_towers("train", *args)
+    resumed = run_in_process("train", *args)
     assert ok(resumed)["global_step"] == summary["global_step"] + 20
     assert saved_steps(resumed.stderr)[0] == summary["global_step"]
     assert_as_if_never_stopped(tmp_path, args, ckpt)
@@ -140,7 +153,7 @@ def test_a_second_trainer_on_a_directory_in_use_exits_2_naming_the_first_and_wri
         first.wait_for(r"saved checkpoint at step 0")
         first.wait_for(r"step \d+/")  # the first step's trace is written
         before = sorted(os.listdir(ckpt))
-        second = run_towers("train", *job(ckpt, 10**7, 10**9))
+        second = run_in_process("train", *job(ckpt, 10**7, 10**9))
         after = sorted(os.listdir(ckpt))
         assert first.proc.poll() is None, first.stderr[-3000:]
     finally:
@@ -165,7 +178,7 @@ def test_a_trainer_killed_with_sigkill_does_not_hold_the_directory_for_its_resta
     saved = assert_nothing_lost(ckpt, saved_steps(first.stderr)[-1])  # it may have saved more
     assert (ckpt / ".towers.lock").exists()  # left behind, naming the dead process
     args = job(ckpt, saved + 100, 20, *rows)
-    resumed = run_towers("train", *args)
+    resumed = run_in_process("train", *args)
     # A checkpoint the kill cut off between its files and the state file is complete, and
     # the restart takes it: it resumes at `saved` or later, never earlier.
     start = int(re.search(r"resuming from \S+ at step (\d+)", resumed.stderr).group(1))
@@ -184,9 +197,9 @@ def test_a_port_in_use_is_one_line_naming_it(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         (ps,) = free_ports(1)
-        result = run_towers("worker", *job(tmp_path / "c", 10), "--ps-hosts", f"127.0.0.1:{ps}",
-                            "--worker-hosts", f"127.0.0.1:{port}", "--task-index", "0",
-                            timeout=120)
+        result = run_in_process("worker", *job(tmp_path / "c", 10),
+                                "--ps-hosts", f"127.0.0.1:{ps}",
+                                "--worker-hosts", f"127.0.0.1:{port}", "--task-index", "0")
     assert result.returncode == 2, result.stderr[-3000:]
     assert_one_clear_line(result, str(port), "in use")
 
@@ -194,7 +207,7 @@ def test_a_port_in_use_is_one_line_naming_it(tmp_path):
 def test_an_unwritable_checkpoint_directory_is_refused_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = run_towers("train", *job(blocker / "ckpt", 10))
+    result = run_in_process("train", *job(blocker / "ckpt", 10))
     assert result.returncode == 2, result.stderr[-3000:]
     assert_one_clear_line(result, "train.checkpoint_dir", str(blocker))
 
