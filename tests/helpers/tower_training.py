@@ -1,5 +1,7 @@
 """Shared by the towers tests: a tiny model, learnable batches, a training run to compare."""
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 from conftest import cpu_session_config
@@ -54,17 +56,34 @@ def train(model_fn, devices, batches, *, mode="parameter_server", initial=None,
         y = tf.compat.v1.placeholder(tf.int32, batches[0][1].shape)
         ops = towers.build_train_op(model_fn, x, y, optimizer(), devices, variable_update=mode,
                                     clip_norm=clip_norm, param_device=param_device, **options)
-        variables = tf.compat.v1.global_variables()
-        with tf.compat.v1.Session(config=cpu_session_config(4)) as sess:
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session(config=quick_session_config(4)) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for var in variables:
-                if initial and var.op.name in initial:
-                    var.load(initial[var.op.name], sess)
+            load(sess, variables, initial or {})
             sess.run(ops.sync_op)
-            start = {v.op.name: sess.run(v) for v in variables}
+            start = sess.run(variables)
             for xb, yb in batches:
                 sess.run(ops.train_op, {x: xb, y: yb})
-            return start, {v.op.name: sess.run(v) for v in variables}
+            return start, sess.run(variables)
+
+
+def load(sess, variables, values):
+    """Set the variables named in `values` in one run (a run per variable, as
+    Variable.load does, makes TensorFlow prepare a new executor for each)."""
+    names = [name for name in values if name in variables]
+    feeds = {name: tf.compat.v1.placeholder(variables[name].dtype.base_dtype,
+                                            variables[name].shape) for name in names}
+    if names:
+        sess.run([variables[n].assign(feeds[n], read_value=False) for n in names],
+                 {feeds[n]: values[n] for n in names})
+
+
+def quick_session_config(num_cpus):
+    """cpu_session_config without graph rewriting, which costs more than a few small
+    steps do."""
+    config = cpu_session_config(num_cpus)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    return config
 
 
 def assert_same_variables(expected, actual, atol=1e-5):
@@ -88,12 +107,20 @@ SMALL = {
 }
 
 
+@functools.cache
+def one_device_run(model_name, batch_size, steps):
+    """train() of SMALL[model_name] on one device: the reference many comparisons share
+    (its values are read, never changed)."""
+    model = models.build(model_name, SMALL[model_name])
+    return train(model.model_fn, ["/cpu:0"], image_batches(model.input_spec, batch_size, steps))
+
+
 def check_equivalent(model_name, num_towers, batch_size, steps=10, mode="parameter_server",
                      **options):
     """N towers (with options such as accumulate_steps) train like one device, no options."""
     model = models.build(model_name, SMALL[model_name])
     batches = image_batches(model.input_spec, batch_size, steps)
-    start, single = train(model.model_fn, ["/cpu:0"], batches)
+    start, single = one_device_run(model_name, batch_size, steps)
     _, multi = train(model.model_fn, cpus(num_towers), batches, mode=mode, initial=start,
                      **options)
     assert_same_variables(single, multi)

@@ -24,7 +24,7 @@ SMALL = {
         "num_classes": 3,
         "dropout": 0.1,
     },
-    "resnet20": {"image_size": 16, "base_filters": 8, "num_classes": 3},
+    "resnet20": {"image_size": 8, "base_filters": 4, "num_classes": 3},
     "resnet56": {"image_size": 8, "base_filters": 4, "num_classes": 3},
     "lstm_lm": {"vocab_size": 50, "num_steps": 10, "hidden_size": 32},
 }

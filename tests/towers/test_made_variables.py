@@ -6,6 +6,8 @@ built in every tower shares tower 0's variables (parameter_server) or gets copie
 (replicated), and checkpoints name them without a tower prefix.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -57,13 +59,22 @@ def keras_in_model_function(features, labels, ctx):
     return towers.TowerOutputs(loss + tf.add_n(net.losses))
 
 
+BATCHES = image_batches(SPEC, 12, 5)
+
+
+@functools.cache
+def one_device(model_fn):
+    """(start, final) of model_fn trained on one device: the reference its comparisons
+    share (read, never changed)."""
+    keras.utils.clear_session()  # Keras names its layers afresh in each run
+    return train(model_fn, ["/cpu:0"], BATCHES)
+
+
 def compare(model_fn, num_towers, mode, **options):
     """options: more build_train_op arguments for the towers (accumulate_steps)."""
-    batches = image_batches(SPEC, 12, 5)
-    keras.utils.clear_session()  # Keras names its layers afresh in each run
-    start, single = train(model_fn, ["/cpu:0"], batches)
+    start, single = one_device(model_fn)
     keras.utils.clear_session()
-    _, multi = train(model_fn, cpus(num_towers), batches, mode=mode, initial=start, **options)
+    _, multi = train(model_fn, cpus(num_towers), BATCHES, mode=mode, initial=start, **options)
     assert_same_variables(single, multi, atol=6e-7)
     moved = [n for n in start if n != "global_step" and not np.allclose(start[n], single[n])]
     assert moved, "the runs did not train, so agreement proves nothing"

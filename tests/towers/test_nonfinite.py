@@ -27,13 +27,13 @@ def run_poisoned_step(mode, nonfinite, optimizer=momentum):
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(ops.sync_op)
             assert sess.run(ops.all_finite, {x: good}) and sess.run(ops.train_op, {x: good}) is None
-            before = {v.op.name: sess.run(v) for v in variables}
+            before = sess.run({v.op.name: v for v in variables})
             try:
                 _, finite = sess.run([ops.train_op, ops.all_finite], {x: bad})
                 error = None
             except tf.errors.InvalidArgumentError as err:
                 finite, error = None, err.message
-            after = {v.op.name: sess.run(v) for v in variables}
+            after = sess.run({v.op.name: v for v in variables})
     return before, after, finite, error
 
 

@@ -9,6 +9,7 @@ from helpers.tower_training import (
     cpus,
     get_variable,
     image_batches,
+    load,
     momentum,
     tiny_classifier,
 )
@@ -67,14 +68,13 @@ def sgd_step(precision, devices=("/cpu:0",), model_fn=sixteen_bit_classifier, ba
                  if k in ("loss", "all_finite", "loss_scale", "overflow") and v is not None}
         with tf.compat.v1.Session(config=cpu_session_config(len(devices))) as sess:
             sess.run(ops.init_op)
-            for var in tf.compat.v1.trainable_variables():
-                if initial:
-                    var.load(initial[var.op.name], sess)
+            load(sess, {v.op.name: v for v in tf.compat.v1.trainable_variables()},
+                 initial or {})
             sess.run(ops.sync_op)
-            start = {v.op.name: sess.run(v) for v in tf.compat.v1.trainable_variables()}
+            start = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
             # Fetched with the step: fetching all_finite (the step's cond) runs the update.
             seen = [sess.run([ops.train_op, fetch])[1] for _ in range(steps)]
-            end = {v.op.name: sess.run(v) for v in tf.compat.v1.trainable_variables()}
+            end = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
             after = sess.run(ops.loss_scale) if ops.loss_scale is not None else None
     return start, end, seen, after
 

@@ -5,12 +5,20 @@ SGD at rate 1 so that each variable's change is minus its gradient, and compares
 the batch-norm outputs, the loss, every gradient and the moving statistics.
 """
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
-from helpers.tower_training import assert_same_variables, cpus, image_batches, momentum
+from helpers.tower_training import (
+    assert_same_variables,
+    cpus,
+    image_batches,
+    load,
+    train,
+)
 
 import models
 import towers
@@ -61,8 +69,7 @@ def one_step(devices, x, y, *, mode="parameter_server", batch_norm="sync", start
                      if v.op.name != "global_step"}
         with tf.compat.v1.Session(graph=graph, config=cpu_session_config(4)) as sess:
             sess.run(ops.init_op)
-            for name, value in (start or {}).items():
-                variables[name].load(value, sess)
+            load(sess, variables, start or {})
             sess.run(ops.sync_op)
             before = sess.run(variables)
             out, loss, _ = sess.run([outputs, ops.loss, ops.train_op])
@@ -84,9 +91,16 @@ def largest_differences(reference, other):
     }
 
 
+@functools.cache
+def reference_step(batch_size, **options):
+    """One device's step on batch(batch_size): many comparisons share one."""
+    x, y = batch(batch_size)
+    return one_step(["/cpu:0"], x, y, batch_norm="local", **options)
+
+
 def compare(num_towers, batch_size, mode="parameter_server", batch_norm="sync", **options):
     x, y = batch(batch_size)
-    reference = one_step(["/cpu:0"], x, y, batch_norm="local", **options)
+    reference = reference_step(batch_size, **options)
     multi = one_step(cpus(num_towers), x, y, mode=mode, batch_norm=batch_norm,
                      start=reference[0], **options)
     return largest_differences(reference, multi)
@@ -181,34 +195,9 @@ def test_resnet20_trains_with_sync_towers_like_one_device():
     # momentum and 2 steps on 3 + 2 examples: the moving statistics and every variable agree.
     model = models.build("resnet20", {"image_size": 8, "base_filters": 4, "num_classes": 3})
     batches = image_batches(model.input_spec, 5, 2)
-    start, single = train_steps(model.model_fn, ["/cpu:0"], batches, momentum, "local")
-    _, multi = train_steps(model.model_fn, cpus(2), batches, momentum, "sync", start)
+    start, single = train(model.model_fn, ["/cpu:0"], batches, batch_norm="local")
+    _, multi = train(model.model_fn, cpus(2), batches, batch_norm="sync", initial=start)
     assert_same_variables(single, multi)
-
-
-def train_steps(model_fn, devices, batches, optimizer, batch_norm, start=None,
-                mode="parameter_server"):
-    """(start, final) values of every variable after len(batches) steps; every variable
-    read, and `start` loaded, in one session run (resnet20 has a hundred)."""
-    with tf.Graph().as_default():
-        tf.compat.v1.set_random_seed(0)
-        x = tf.compat.v1.placeholder(tf.float32, batches[0][0].shape)
-        y = tf.compat.v1.placeholder(tf.int32, batches[0][1].shape)
-        ops = towers.build_train_op(model_fn, x, y, optimizer(), devices, batch_norm=batch_norm,
-                                    variable_update=mode)
-        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-        with tf.compat.v1.Session(config=cpu_session_config(4)) as sess:
-            sess.run(ops.init_op)
-            if start:
-                feeds = {name: tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
-                         for name, v in variables.items()}
-                sess.run([v.assign(feeds[n]) for n, v in variables.items()],
-                         {feeds[n]: start[n] for n in variables})
-                sess.run(ops.sync_op)
-            first = sess.run(variables)
-            for xb, yb in batches:
-                sess.run(ops.train_op, {x: xb, y: yb})
-            return first, sess.run(variables)
 
 
 # --- Keras ---------------------------------------------------------------------------------
@@ -235,11 +224,11 @@ def keras_largest_differences(synchronized, batch_norm, num_towers, mode="parame
     x, y = batch(10)
     batches = [(x, y), batch(10, seed=1)]
     keras.utils.clear_session()  # Keras names its layers afresh in each graph
-    start, single = train_steps(keras_bn_model(synchronized), ["/cpu:0"], batches,
-                                lambda: SGD(0.5), "local")
+    start, single = train(keras_bn_model(synchronized), ["/cpu:0"], batches,
+                          optimizer=lambda: SGD(0.5), batch_norm="local")
     keras.utils.clear_session()
-    _, multi = train_steps(keras_bn_model(synchronized), cpus(num_towers), batches,
-                           lambda: SGD(0.5), batch_norm, start, mode)
+    _, multi = train(keras_bn_model(synchronized), cpus(num_towers), batches, mode=mode,
+                     optimizer=lambda: SGD(0.5), batch_norm=batch_norm, initial=start)
     assert sorted(single) == sorted(multi)
     moving = [n for n in single if "moving" in n]
     assert moving

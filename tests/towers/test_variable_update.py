@@ -26,7 +26,7 @@ def test_replicated_copies_start_equal_stay_equal_and_save_once(tmp_path):
             sess.run(ops.sync_op)
             names = ["w", "b", "w/Momentum", "b/Momentum"]
             for _ in range(2):
-                values = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+                values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
                 for copy in copies:
                     source = copy.op.name.split("/", 1)[1]
                     np.testing.assert_array_equal(sess.run(copy), values[source])
@@ -65,7 +65,7 @@ def test_init_op_alone_starts_replicated_training_with_equal_copies(graph):
     with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
         sess.run(ops.init_op)
         sess.run(ops.train_op, feed)
-        values = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+        values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
         assert len(copies) == 8  # w, b and their momentum slots, on towers 1 and 2
         for copy in copies:
             np.testing.assert_array_equal(sess.run(copy), values[copy.op.name.split("/", 1)[1]])
@@ -90,9 +90,9 @@ def sgd_step(variable_update, devices, **kwargs):
                                     variable_update=variable_update, **kwargs)
         with tf.compat.v1.Session(config=cpu_session_config(len(devices))) as sess:
             sess.run(ops.init_op)
-            start = {v.op.name: sess.run(v) for v in tf.compat.v1.trainable_variables()}
+            start = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
             _, loss = sess.run([ops.train_op, ops.loss])
-            end = {v.op.name: sess.run(v) for v in tf.compat.v1.trainable_variables()}
+            end = sess.run({v.op.name: v for v in tf.compat.v1.trainable_variables()})
             variables = {v.op.name: v.device for v in tf.compat.v1.trainable_variables()}
     return start, end, loss, variables
 
