@@ -1,12 +1,12 @@
 """A synchronous Horovod job of 2 Gloo ranks, both reading the same large JPEGs, in which
 rank 1 decodes them one at a time with one batch prefetched (rank 0 decodes in parallel
-and prefetches more): rank 0 names rank 1, and no other, a straggler waiting on input,
-and exports it; then rank 1 is stopped (SIGSTOP) past train.stall_warning_secs, and rank
-0 names it within the warning time and a few seconds (through horovodrun's rendezvous
-store, as Horovod's own check cannot see a frozen rank); continued (SIGCONT), steps go
-on, and SIGTERM to each rank ends the job with exit 0, both ranks after the same step.
-The job has no end of its own: on a fast machine a bounded one could finish before the
-straggler is judged or the rank is stopped."""
+and prefetches more): rank 0 names rank 1, and no other, a straggler, and exports it;
+then rank 1 is stopped (SIGSTOP) past train.stall_warning_secs, and rank 0 names it
+within the warning time and a few seconds (through horovodrun's rendezvous store, as
+Horovod's own check cannot see a frozen rank); continued (SIGCONT), steps go on, and
+SIGTERM to each rank ends the job with exit 0, both ranks after the same step. The job
+has no end of its own: on a fast machine a bounded one could finish before the straggler
+is judged or the rank is stopped."""
 
 import os
 import re
@@ -98,8 +98,12 @@ def test_rank_0_names_the_slow_rank_then_the_stopped_one(tmp_path, monkeypatch):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     print(named, line, f"(after {after:.1f} s)", sep="\n")
-    assert re.match(r"towers: straggler: rank 1 on \S+ takes [\d.]+x the others' median ",
-                    named) and "mostly input" in named
+    # Rank 1's serial decoding shows as its input wait, or, where its decoding thread
+    # and the other rank share the two cores, as its compute slowed (a run here: 0.000 s
+    # input wait, 0.062 s compute against 0.020 s): which of the two a line says is
+    # the in-process tests' (test_stragglers.py); the ps/worker run checks "input".
+    assert re.match(r"towers: straggler: rank 1 on \S+ takes [\d.]+x the others' median "
+                    r".*, mostly (input|compute) \(", named), named
     assert "straggler: rank 0" not in log.read_text()
     assert re.search(r'towers_straggler\{[^}]*peer="rank 1 on [^"]+"[^}]*\} 1\.0', exported)
     assert re.match(rf"towers: no step has finished for \d+ s \(train.stall_warning_secs: "
