@@ -49,18 +49,18 @@ def ordered_records(order: RecordOrder, start: tf.Tensor, p: Pipeline) -> tf.dat
         pairs = tf.data.Dataset.from_tensor_slices((files, records, offsets)).interleave(
             read, cycle_length=GROUP_FILES, block_length=1, num_parallel_calls=calls,
             deterministic=True)
-        if not order.shuffle:
-            return pairs.enumerate().map(
-                lambda number, pair: (first_position + number, *pair)).skip(skip)
-        # A window at a time: permuted, and its records numbered with their positions,
-        # in one step per window rather than one per record (the cost of a record
-        # pre-decoded is mostly such per-record steps).
-        return pairs.batch(order.window).enumerate().map(
-            lambda number, batch: (
-                first_position + number * order.window
-                + tf.range(tf.size(batch[0], out_type=tf.int64)),
-                *_permuted(batch, order.seed, key, window + number))
-        ).prefetch(1).unbatch().skip(skip)
+        # Numbered with their positions a block at a time (a window, permuted first,
+        # when shuffling), one step per block rather than one per record: the cost of a
+        # record pre-decoded is mostly such per-record steps.
+        block = order.window if order.shuffle else _READ_BLOCK
+
+        def numbered(number: tf.Tensor, batch: tuple[tf.Tensor, tf.Tensor]) -> tuple:
+            if order.shuffle:
+                batch = _permuted(batch, order.seed, key, window + number)
+            count = tf.size(batch[0], out_type=tf.int64)
+            return (first_position + number * block + tf.range(count), *batch)
+
+        return pairs.batch(block).enumerate().map(numbered).prefetch(1).unbatch().skip(skip)
 
     return plans.flat_map(group)
 
