@@ -80,15 +80,6 @@ def network():
         made.close()
 
 
-# The order files are handed to the test workers. pytest-xdist's loadfile gives each
-# worker the next file when it is free, but by default it sorts files by their number
-# of tests, which puts the single-test end-to-end files (the longest, a minute or
-# more each) last, where one of them can keep a worker busy while the others idle.
-# Handing out the longest files first (longest-processing-time order) lets the many
-# short files fill the gaps. xdist has no such order of its own, so the seconds each
-# file took are recorded in FILE_SECONDS (refresh: `make test-durations`); a file not
-# listed there goes after the listed ones. The Makefile passes --no-loadscope-reorder
-# so xdist keeps this order.
 def pytest_collection_finish(session):
     """Everything imported so far (TensorFlow, Keras, the project: ~370,000 objects) lives
     as long as the run: frozen out of the garbage collector's view, so that each full
@@ -98,6 +89,15 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+# The order files are handed to the test workers. pytest-xdist's loadfile gives each
+# worker the next file when it is free, but by default it sorts files by their number
+# of tests, which puts the single-test end-to-end files (the longest, a minute or
+# more each) last, where one of them can keep a worker busy while the others idle.
+# Handing out the longest files first (longest-processing-time order) lets the many
+# short files fill the gaps. xdist has no such order of its own, so the seconds each
+# file took are recorded in FILE_SECONDS (refresh: `make test-durations`); a file not
+# listed there goes after the listed ones. The Makefile passes --no-loadscope-reorder
+# so xdist keeps this order.
 FILE_SECONDS = os.path.join(os.path.dirname(__file__), "file_seconds.json")
 
 

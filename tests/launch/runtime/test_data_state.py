@@ -71,12 +71,12 @@ def worker_hook(wait_secs: float = 60.0):
     return hook, state, step
 
 
-@pytest.mark.parametrize("chiefs, says", [
-    (Stored(DataProgress(0, 0, 10, 100), 1, 0), "the chief's -> this worker's: data.seed 1 -> 2"),
-    (None, "this worker's train.batch_size, 10, is not the chief's, 20"),
+@pytest.mark.parametrize("seed, batch_size, says", [
+    (1, 10, "the chief's -> this worker's: data.seed 1 -> 2"),
+    (2, 20, "this worker's train.batch_size, 10, is not the chief's, 20"),
 ])
 def test_a_worker_whose_data_or_batch_differ_from_the_chiefs_is_refused_once_the_chief_trains(
-        graph, chiefs, says):
+        graph, seed, batch_size, says):
     """The chief settles the state before its first step: once the global step moves on
     and the state is still not this worker's, it never will be, and a restart (138)
     would meet the same data again. So: one line, bad input (exit 2), no wait."""
@@ -85,10 +85,7 @@ def test_a_worker_whose_data_or_batch_differ_from_the_chiefs_is_refused_once_the
     hook, state, step = worker_hook()
     with tf.compat.v1.Session() as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
-        mine = state.wanted
-        chiefs = chiefs or Stored(DataProgress(0, 0, 20, 100), mine.seed, mine.files)
-        if chiefs.files == 0:
-            chiefs = Stored(chiefs.progress, chiefs.seed, mine.files)
+        chiefs = Stored(DataProgress(0, 0, batch_size, 100), seed, state.wanted.files)
         state.write(sess, chiefs)
         sess.run(step.assign(3))  # the chief has trained since this worker's start, at 2
         with pytest.raises(BadInput) as raised:
