@@ -237,8 +237,11 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
+    others_parts = _others_parts(built, data_position, stop, role, write)
+    if not role.writes:
+        hooks.extend(others_parts)
     chief_hooks = [
-        *_others_parts(built, data_position, stop, role, write),  # before the final save
+        *others_parts,  # before the final save
         checkpoints.saver_hook(cfg, scaffold, write, [*served.listeners, last_save]),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
@@ -248,7 +251,9 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
 
 def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,
                   role: Role, write) -> list[V1.train.SessionRunHook]:
-    """An asynchronous chief's wait for the other workers' parts of the data's passes."""
+    """An asynchronous worker's wait, once it has trained its parts of the data's passes,
+    for the others' (so every task ends at once, and the chief's final checkpoint holds
+    every part)."""
     if built.positions is None:
         return []
     return [OthersPartsHook(built.positions, data_position.parts_left, lambda: bool(stop),

@@ -90,9 +90,9 @@ class WorkerPositions:
 
 
 class OthersPartsHook(V1.train.SessionRunHook):
-    """The chief, once it has trained its own parts of the data's passes: wait, before
-    its final checkpoint (it runs before the saver's end), until every worker has trained
-    its own, so the job's last checkpoint holds them all.
+    """A worker that has trained its own parts of the data's passes: wait, as its session
+    ends, until every worker has trained its own, so the job's tasks end together and the
+    chief's last checkpoint (this hook runs before the saver's end) holds every part.
 
     left: the parts each worker has left, given the positions. stopped: a stop was asked
     for (then no wait). wait_secs: how long the positions may stand still before the
@@ -110,7 +110,7 @@ class OthersPartsHook(V1.train.SessionRunHook):
             return
         if sum(self._left(now)):
             self._write(f"{sum(self._left(now))} part(s) of the data's passes left to the "
-                        "other workers: waiting for them before the final checkpoint")
+                        "other workers: waiting for them")
         moved = time.monotonic()
         while sum(self._left(now)) and not self._stopped():
             if time.monotonic() - moved > self._wait_secs:
