@@ -209,6 +209,8 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     )
     stop_at = StopAtStepHook(last, write, job.data.epochs)
     data_end = DataEndHook(lambda: data_position.batches)
+    stall = StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
+                       exit_now)
     hooks = [
         *role.start_hooks(ops),
         data_position,  # before any hook asks where the job stops
@@ -219,8 +221,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         role.stop_hook(stop),
         data_end,
         *role.hooks(ops, data_end, phases),
-        StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
-                   exit_now),
+        stall,
     ]
     loss_scale = None
     if ops.loss_scale is not None:
@@ -237,7 +238,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
-    others_parts = _others_parts(built, data_position, stop, role, write)
+    others_parts = _others_parts(built, data_position, stop, role, stall, write)
     if not role.writes:
         hooks.extend(others_parts)
     chief_hooks = [
@@ -250,14 +251,14 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
 
 
 def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,
-                  role: Role, write) -> list[V1.train.SessionRunHook]:
+                  role: Role, stall: StallWatch, write) -> list[V1.train.SessionRunHook]:
     """An asynchronous worker's wait, once it has trained its parts of the data's passes,
     for the others' (so every task ends at once, and the chief's final checkpoint holds
     every part)."""
     if built.positions is None:
         return []
     return [OthersPartsHook(built.positions, data_position.parts_left, lambda: bool(stop),
-                            role.max_wait_secs, write)]
+                            role.max_wait_secs, write, on_wait=stall.stop)]
 
 
 def _on_step(served, data_figures, data_position: DataPositionHook):

@@ -96,19 +96,22 @@ class OthersPartsHook(V1.train.SessionRunHook):
 
     left: the parts each worker has left, given the positions. stopped: a stop was asked
     for (then no wait). wait_secs: how long the positions may stand still before the
-    chief stops waiting (a worker that is gone: its parts are left for a resume).
+    worker stops waiting (a worker that is gone: its parts are left for a resume).
+    on_wait: called before it waits (the stall watch stops: no step is due).
     """
 
     def __init__(self, positions: WorkerPositions, left: Callable[[list[int]], list[int]],
-                 stopped: Callable[[], bool], wait_secs: float, write: Callable[[str], None]):
+                 stopped: Callable[[], bool], wait_secs: float, write: Callable[[str], None],
+                 on_wait: Callable[[], None] = lambda: None):
         self._positions, self._left, self._stopped = positions, left, stopped
-        self._wait_secs, self._write = wait_secs, write
+        self._wait_secs, self._write, self._on_wait = wait_secs, write, on_wait
 
     def end(self, session) -> None:
         now = self._positions.read(session)
         if self._stopped() or self._left(now)[self._positions.rank]:
             return
         if sum(self._left(now)):
+            self._on_wait()
             self._write(f"{sum(self._left(now))} part(s) of the data's passes left to the "
                         "other workers: waiting for them")
         moved = time.monotonic()

@@ -5,9 +5,9 @@
   of data (a finite data set, `data.epochs`) put a token on the "stop" queue on ps 0,
   whose size every worker fetches with each step. Without that, a synchronous
   step would wait for ever for the gradient of a worker that has left. An
-  asynchronous worker that has trained its parts of the data's passes just ends:
-  the others go on with theirs, and the chief waits for them before its final
-  checkpoint (launch.runtime.worker_positions).
+  asynchronous worker that has trained its parts of the data's passes stops no one:
+  it waits until every worker has trained its own (the chief before its final
+  checkpoint: launch.runtime.worker_positions), and then every task ends.
 - A worker whose step diverged (a NaN or infinite loss or gradient, never
   applied) puts its rank on the "diverged" queue: every other worker stops at its
   next step with exit status 3 too, and the chief saves nothing after its last

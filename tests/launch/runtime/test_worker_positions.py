@@ -129,3 +129,40 @@ def test_a_worker_whose_position_is_restored_under_it_goes_on_there(graph):
     # ran on) and moved the position to 40: the worker goes on a batch before, at 30
     assert taken == [50, 60, 70, 30]
     assert now == [20, 40]
+
+
+def wait_at_the_end(graph, others_move: bool, wait_secs: float = 30.0):
+    """Worker 0 of 2, its parts of the pass (10 global batches) done, worker 1's one part
+    short; ``others_move``: worker 1 trains it (a thread moves its position). What the
+    hook's end said, whether it stopped the stall watch, and the positions after it."""
+    import threading
+
+    from launch.runtime.worker_positions import OthersPartsHook
+
+    positions = WorkerPositions(2, 0, BATCH, "/cpu:0")
+    lines, stopped_watch = [], []
+    left = lambda now: [max(ROWS - p, 0) // BATCH for p in now]  # noqa: E731
+    hook = OthersPartsHook(positions, left, lambda: False, wait_secs, lines.append,
+                           on_wait=lambda: stopped_watch.append(True))
+    with V1.Session(graph=graph) as sess:
+        sess.run(V1.global_variables_initializer())
+        positions.set(sess, [ROWS, ROWS - BATCH])
+        if others_move:
+            move = V1.scatter_update(positions.live, [1], [ROWS])
+            mover = threading.Timer(0.3, lambda: sess.run(move))
+            mover.start()
+        hook.end(sess)
+        return lines, stopped_watch, positions.read(sess)
+
+
+def test_a_worker_done_with_its_parts_waits_for_the_others(graph):
+    lines, stopped_watch, now = wait_at_the_end(graph, others_move=True)
+    assert now == [ROWS, ROWS] and stopped_watch
+    assert lines == ["1 part(s) of the data's passes left to the other workers: waiting "
+                     "for them"]
+
+
+def test_it_stops_waiting_when_the_positions_stand_still(graph):
+    lines, _, now = wait_at_the_end(graph, others_move=False, wait_secs=0.6)
+    assert now == [ROWS, ROWS - BATCH]
+    assert "stood still for 0.6 s with 1 part(s) left" in lines[-1]
