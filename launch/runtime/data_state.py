@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+import towers
 from launch.data.position import DataProgress, batches_left, positions_trained
 from launch.errors import BadInput, PeerUnavailable
 from launch.runtime.checkpoints import DATA_SCOPE
@@ -177,10 +178,13 @@ class DataPositionHook(V1.train.SessionRunHook):
         restored = self._positions.restored
         if restored is None:
             return f"; worker positions {at}: each worker goes on at its own next part"
+        batch = self.progress.batch_size
+        again = positions_trained(restored, towers.shard_sizes(batch, len(restored)),
+                                  batch) - min(restored)
         return (f"; the checkpoint's {len(restored)} workers stood at positions "
                 f"{', '.join(f'{p:,}' for p in restored)}: each of the "
-                f"{self._positions.workers} starts at the lowest (the parts trained beyond "
-                "it are trained again)")
+                f"{self._positions.workers} starts at the lowest, and the {again:,} examples "
+                "trained beyond it are trained again")
 
     def before_run(self, run_context):
         if self._positions is not None:

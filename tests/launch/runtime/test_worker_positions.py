@@ -166,3 +166,21 @@ def test_it_stops_waiting_when_the_positions_stand_still(graph):
     lines, _, now = wait_at_the_end(graph, others_move=False, wait_secs=0.6)
     assert now == [ROWS, ROWS - BATCH]
     assert "stood still for 0.6 s with 1 part(s) left" in lines[-1]
+
+
+def test_the_resume_line_says_where_the_workers_start_and_what_is_trained_again(tmp_path):
+    path = saved_by(tmp_path, 2, [60, 40])
+    lines = []
+    with tf.Graph().as_default():
+        data, step, state, positions, _, saver = job_graph(3)
+        hook = DataPositionHook(state, data, step, 1, LastStep(1000), rebases=True,
+                                announce=True, wait_secs=0, resumed_from=path,
+                                write=lines.append, positions=positions)
+        with V1.Session() as sess:
+            saver.restore(sess, path)
+            hook.after_create_session(sess, None)
+    # worker 0 was 2 global batches ahead: its 5 examples of each, trained again
+    assert lines == [f"resuming from {path} at step 7: epoch 1 of 1, example 40 of 100; "
+                     "the checkpoint's 2 workers stood at positions 60, 40: each of the 3 "
+                     "starts at the lowest, and the 10 examples trained beyond it are "
+                     "trained again"]
