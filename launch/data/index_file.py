@@ -112,9 +112,10 @@ def decode(data: bytes) -> StoredIndex | None:
 # ------------------------------------------------------------------ the files
 
 
-def file_state(name: str, last_offset: int | None) -> FileState:
-    """The state of file ``name`` now; its last record starts at ``last_offset`` (None:
-    no records). Raises OSError or tf.errors.OpError when it cannot be read."""
+def file_state(name: str, offsets: np.ndarray | tuple = ()) -> FileState:
+    """The state of file ``name`` now, its last record's frame read where ``offsets``
+    (int64 [records]) say it starts. Raises OSError or tf.errors.OpError when the file
+    cannot be read."""
     if is_local(name):
         # os.stat: TensorFlow's stat rounds a local file's time to the second.
         info = os.stat(name)
@@ -123,9 +124,9 @@ def file_state(name: str, last_offset: int | None) -> FileState:
         info = tf.io.gfile.stat(name)
         size, mtime_ns = info.length, info.mtime_nsec
     frame = b""
-    if last_offset is not None and 0 <= last_offset <= size - FRAME_BYTES:
+    if len(offsets) and 0 <= offsets[-1] <= size - FRAME_BYTES:
         with tf.io.gfile.GFile(name, "rb") as raw:
-            raw.seek(last_offset)
+            raw.seek(int(offsets[-1]))
             header = raw.read(12)
             raw.seek(size - 4)
             frame = header + raw.read(4)
@@ -138,10 +139,7 @@ def load(name: str) -> StoredIndex | None:
     try:
         with tf.io.gfile.GFile(index_path(name), "rb") as kept:
             stored = decode(kept.read())
-        if stored is None:
-            return None
-        last = int(stored.offsets[-1]) if len(stored.offsets) else None
-        return stored if stored.matches(file_state(name, last)) else None
+        return stored if stored and stored.matches(file_state(name, stored.offsets)) else None
     except (OSError, tf.errors.OpError):
         return None
 

@@ -13,6 +13,7 @@ end of its file is a DataError here.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 
@@ -78,17 +79,12 @@ def build_index(name: str) -> StoredIndex:
     """The index of file ``name`` from its headers, keyed by the file's state as it
     was before they were read (a file changed meanwhile is found stale next time)."""
     try:
-        before = index_file.file_state(name, None)
+        before = index_file.file_state(name)
+        offsets = record_offsets(name, before.size)
+        frame = index_file.file_state(name, offsets).last_frame
     except (OSError, tf.errors.OpError) as err:
         raise read_error(name, err) from None
-    offsets = record_offsets(name)
-    last = int(offsets[-1]) if len(offsets) else None
-    try:
-        frame = index_file.file_state(name, last).last_frame
-    except (OSError, tf.errors.OpError) as err:
-        raise read_error(name, err) from None
-    return StoredIndex(index_file.FileState(before.name, before.size, before.mtime_ns, frame),
-                       offsets)
+    return StoredIndex(dataclasses.replace(before, last_frame=frame), offsets)
 
 
 def keep(name: str, index: StoredIndex) -> str | None:
@@ -99,9 +95,10 @@ def keep(name: str, index: StoredIndex) -> str | None:
     return index_file.save(name, index)
 
 
-def record_offsets(name: str) -> np.ndarray:
-    """The byte offset of each record of TFRecord file ``name``, int64 [records]."""
-    size = file_size(name)
+def record_offsets(name: str, size: int | None = None) -> np.ndarray:
+    """The byte offset of each record of TFRecord file ``name``, int64 [records], in
+    its first ``size`` bytes (default: the whole file)."""
+    size = file_size(name) if size is None else size
     offsets = []
     position = 0
     try:

@@ -186,9 +186,8 @@ class ShardedWriter:
     def _write_index(self, name: str, offsets: np.ndarray) -> None:
         """The shard's index beside it, keyed by the shard as renamed (a rename that
         copies, as on GCS, gives it a new time)."""
-        last = int(offsets[-1]) if len(offsets) else None
         try:
-            state = index_file.file_state(name, last)
+            state = index_file.file_state(name, offsets)
         except (OSError, tf.errors.OpError) as err:
             self.unindexed = str(err)
             return
