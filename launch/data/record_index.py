@@ -3,10 +3,11 @@ without reading those before it.
 
 A TFRecord record is framed as: its length (uint64, little-endian), a checksum of the
 length (uint32), the data, a checksum of the data (uint32). Building an index reads
-only the 12-byte headers and seeks past the data: 0.27 s for 1 GiB of 8,192 records
-in the page cache (BENCHMARKS.md). It is built once and kept beside its file
-(``launch.data.index_file``; ``towers data convert`` writes it with the shards), so
-later starts read one small file instead. Checksums are the up-front check's business
+only the 12-byte headers and seeks past the data: 0.3 to 1.6 s for 1 GiB of 8,192
+records on a 2-core VM, against about 10 ms to read the kept index (BENCHMARKS.md).
+It is built once and kept beside its file (``launch.data.index_file``; ``towers data
+convert`` writes it with the shards), so later starts read one small file instead.
+Checksums are the up-front check's business
 (``launch.data.sources.tfrecord.check_tfrecord_files``); a header that runs past the
 end of its file is a DataError here.
 """
