@@ -20,6 +20,13 @@ def log(message: str) -> None:
     print(f"towers: {message}", file=sys.stderr, flush=True)
 
 
+def debug(message: str) -> None:
+    """A line for whoever looks into what towers does, with TOWERS_DEBUG=1 in the
+    environment; nothing otherwise."""
+    if os.environ.get("TOWERS_DEBUG", "") not in ("", "0"):
+        log(f"debug: {message}")
+
+
 # Notices TensorFlow's C++ core prints while loading, before it reads
 # TF_CPP_MIN_LOG_LEVEL; they say nothing about the job.
 _STARTUP_NOTICES = (

@@ -9,6 +9,7 @@ images, converters.
     position    which positions each global step and each process take; where the
                 data's passes end
     record_index, record_stream   TFRecord records from any position on
+    index_file  the record index kept beside each TFRecord file, and when it is stale
     stream      the stages pipelines share: evaluation files, batching, per-record
     record_schema  TFRecord feature schemas (data.schema) and records checked against them
     images      decode, augmentation, centre crop, normalisation (data.image)

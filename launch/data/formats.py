@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from launch.data.errors import DataError
+from launch.data.index_file import is_index_file
 
 PathArg = str | os.PathLike | Sequence[str | os.PathLike] | None
 
@@ -18,7 +19,8 @@ def _has_magic(pattern: str) -> bool:
 
 
 def resolve_files(path: PathArg, source: str) -> list[str]:
-    """A file, a glob or a sequence of them -> the list of files (globs sorted).
+    """A file, a glob or a sequence of them -> the list of files (globs sorted, the
+    record indexes kept beside TFRecord files left out).
 
     Raises DataError for no path, a missing file, a directory or a glob matching nothing.
     """
@@ -32,7 +34,8 @@ def resolve_files(path: PathArg, source: str) -> list[str]:
     pattern = os.fspath(path)
     if _has_magic(pattern):
         try:
-            files = sorted(tf.io.gfile.glob(pattern))
+            files = sorted(name for name in tf.io.gfile.glob(pattern)
+                           if not is_index_file(name))
         except tf.errors.OpError as err:
             raise DataError(f"{pattern}: cannot list the glob: {err.message}") from None
         if not files:

@@ -4,13 +4,16 @@ a progress bar, and the summary of what was written.
 Example i goes to shard i % N, so every shard holds a stripe of the whole set and
 readers that each take some shards (ps/worker, Horovod) see every class. Each shard
 is written under a temporary name and renamed when complete, so a stopped conversion
-leaves no half-written shard under a final name.
+leaves no half-written shard under a final name. Beside each shard goes its record
+index (``launch.data.index_file``), from the offsets counted while writing: a training
+start reads it instead of every record's header.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +22,9 @@ import numpy as np
 import tensorflow as tf
 from tqdm import tqdm
 
+from launch.data import index_file
 from launch.data.errors import DataError
+from launch.data.record_index import FOOTER_BYTES, HEADER_BYTES
 
 
 def shard_names(out_prefix: str | os.PathLike, num_shards: int) -> list[str]:
@@ -134,6 +139,11 @@ class ShardedWriter:
         self._total = total
         self._what = what
         self._writers: list[tf.io.TFRecordWriter] = []
+        # Each shard's record offsets, counted as written (a record is framed by
+        # HEADER_BYTES before its data and FOOTER_BYTES after).
+        self._offsets = [array("q") for _ in self.names]
+        self._ends = [0] * num_shards
+        self.unindexed: str | None = None  # why an index could not be written
         self._bar: Any = None
 
     def __enter__(self) -> ShardedWriter:
@@ -147,7 +157,10 @@ class ShardedWriter:
         return self
 
     def write(self, record: bytes) -> None:
-        self._writers[self.count % len(self._writers)].write(record)
+        shard = self.count % len(self._writers)
+        self._writers[shard].write(record)
+        self._offsets[shard].append(self._ends[shard])
+        self._ends[shard] += HEADER_BYTES + len(record) + FOOTER_BYTES
         self.count += 1
         self._bar.update(1)
 
@@ -167,11 +180,27 @@ class ShardedWriter:
                             "use fewer --shards")
         for name in self.names:
             tf.io.gfile.rename(f"{name}.partial", name, overwrite=True)
+        for name, offsets in zip(self.names, self._offsets, strict=True):
+            self._write_index(name, np.frombuffer(offsets, np.int64))
+
+    def _write_index(self, name: str, offsets: np.ndarray) -> None:
+        """The shard's index beside it, keyed by the shard as renamed (a rename that
+        copies, as on GCS, gives it a new time)."""
+        try:
+            state = index_file.file_state(name, offsets)
+        except (OSError, tf.errors.OpError) as err:
+            self.unindexed = str(err)
+            return
+        self.unindexed = index_file.save(name, index_file.StoredIndex(state, offsets)) \
+            or self.unindexed
 
     def summary(self, data: dict[str, Any], model: dict[str, Any] | None = None,
                 extra: Sequence[str] = (), notes: Sequence[str] = ()) -> Summary:
         """The summary of a completed conversion; data.path becomes the shards' glob."""
         size = sum(tf.io.gfile.stat(name).length for name in self.names)
         glob = self.names[0].rsplit("-00000-of-", 1)[0] + "-*-of-*.tfrecord"
+        if self.unindexed:
+            notes = [*notes, f"the record index was not written beside the shards "
+                     f"({self.unindexed}); training builds it at its start"]
         return Summary(self.names, self.count, size, {"source": "tfrecord", "path": glob, **data},
                        dict(model or {}), list(extra), list(notes))

@@ -94,7 +94,7 @@ class TfRecord(Source):
     def index(self) -> RecordIndex:
         """Where each training record starts (read once: launch.data.record_index)."""
         if self._index is None:
-            self._index = index_files(self.files())
+            self._index = index_files(self.files(), self.where())
         return self._index
 
     def examples(self, spec: InputSpec) -> int:
