@@ -83,3 +83,40 @@ class DataProgress:
         new data starts at the next epoch's first example."""
         done = -(-self.position(step) // self.num_examples)
         return DataProgress(step, done * num_examples, batch_size, num_examples)
+
+
+def batches_left(start: int, epochs: int, num_examples: int, global_batch: int) -> int:
+    """The whole global batches of ``global_batch`` from position ``start`` to the end
+    of ``epochs`` passes over ``num_examples`` examples (a last, partial one is not
+    trained)."""
+    return max(epochs * num_examples - start, 0) // global_batch
+
+
+# Asynchronous ps/worker. Each worker trains its part (BatchPart) of the global batches
+# at its own pace, so no one position says where the data stands: each worker has its
+# own, the position of the first example of the next global batch whose part it has not
+# trained ("worker positions"). Every worker's moves by the global batch B at each of its
+# steps, and all are set together (below), so they differ by whole global batches.
+
+
+def resumed_positions(saved: list[int] | None, position: int, workers: int) -> list[int]:
+    """The worker positions a job of ``workers`` asynchronous workers goes on from, given
+    those a checkpoint ``saved`` (None: a checkpoint of another arrangement, whose data
+    stood at ``position``). The same number of workers: each its own. Another: every
+    worker at the lowest, so the parts the others had trained beyond it are trained
+    again (a global batch's parts are other slices for another number of workers)."""
+    if saved is None:
+        return [position] * workers
+    if len(saved) == workers:
+        return list(saved)
+    return [min(saved)] * workers
+
+
+def positions_trained(positions: list[int], parts: list[int], global_batch: int) -> int:
+    """The examples the job's steps have taken when its asynchronous workers stand at
+    ``positions``, worker i taking ``parts[i]`` examples of every global batch: the
+    whole global batches before the lowest position, and each worker's parts beyond it
+    (the count a synchronous job's position gives when all stand together)."""
+    low = min(positions)
+    return low + sum(size * ((p - low) // global_batch) for p, size in zip(positions, parts,
+                                                                             strict=True))

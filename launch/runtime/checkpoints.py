@@ -17,6 +17,9 @@ from launch.errors import BadInput, ResourceFailed
 
 # The scope of the data state's variables (launch.runtime.data_state), saved beside the model's.
 DATA_SCOPE = "towers_data"
+# Variables whose restore their owner settles from any checkpoint, or none (an
+# asynchronous job's worker positions: launch.runtime.worker_positions): not checked here.
+RESTORED_APART = "towers_restored_apart"
 
 V1 = tf.compat.v1
 
@@ -223,8 +226,11 @@ def check_compatible(checkpoint_dir: str, variables: Sequence[tf.Variable] | Non
         return
     stored = tf.train.load_checkpoint(latest).get_variable_to_shape_map()
     missing, reshaped = [], []
+    apart = {id(v) for v in V1.get_collection(RESTORED_APART)}
     for var in variables if variables is not None else V1.global_variables():
         name = var.op.name
+        if id(var) in apart:
+            continue
         if name not in stored:
             missing.append(name)
         elif list(stored[name]) != var.shape.as_list():

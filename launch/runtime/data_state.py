@@ -6,16 +6,19 @@ step): the base of launch.data.position.DataProgress (base_step, base_position,
 batch_size, num_examples) and what the data was (data.seed, a hash of its files and
 their sizes). A session starts its input at the position of the global step it starts
 at, so a resume, on any number of towers, workers or ranks, continues at the next
-example. A resumed job whose train.batch_size changed continues at the same example;
-one whose data changed (files, their number of examples, data.seed) counts the epoch
-under way as done and starts the next, and says so. The process that owns its copy of
-the variables (``rebases``: the chief, each collective worker, each Horovod rank, each
-with the same values) writes the new base before its first step; a ps/worker worker
-that is not the chief waits until the chief has.
+example (an asynchronous ps/worker job's workers each at their own position instead:
+launch.runtime.worker_positions). A resumed job whose train.batch_size changed
+continues at the same example; one whose data changed (files, their number of
+examples, data.seed) counts the epoch under way as done and starts the next, and says
+so. The process that owns its copy of the variables (``rebases``: the chief, each
+collective worker, each Horovod rank, each with the same values) writes the new base
+before its first step; a ps/worker worker that is not the chief waits until the chief
+has.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable
@@ -23,11 +26,13 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from launch.data.position import DataProgress
+import towers
+from launch.data.position import DataProgress, batches_left, positions_trained
 from launch.errors import BadInput, PeerUnavailable
 from launch.runtime.checkpoints import DATA_SCOPE
 from launch.runtime.hooks import LastStep
 from launch.runtime.inputs import TrainingInput
+from launch.runtime.worker_positions import WorkerPositions
 
 V1 = tf.compat.v1
 
@@ -124,13 +129,19 @@ class DataPositionHook(V1.train.SessionRunHook):
     rebases: this process writes the state when it must change (else it waits, at most
     wait_secs, for the process that does). announce: this process says what changed.
     resumed_from: the checkpoint a writer resumed from, named in the line saying where
-    the data stands.
+    the data stands. positions: an asynchronous ps/worker job's worker positions (None in
+    any other job): the data stands at the lowest, and this worker's input starts at its
+    own.
     """
 
     def __init__(self, state: DataState, data: TrainingInput, global_step: tf.Tensor,
                  epochs: int | None, last: LastStep, *, rebases: bool, announce: bool,
-                 wait_secs: float, resumed_from: str | None, write: Callable[[str], None]):
+                 wait_secs: float, resumed_from: str | None, write: Callable[[str], None],
+                 positions: WorkerPositions | None = None):
         self._state, self._data, self._global_step = state, data, global_step
+        self._positions = positions
+        self._latest: list[int] | None = None  # the worker positions, as last read
+        self._next = self._steps = 0  # this worker's position, and its steps this session
         self._epochs, self._last = epochs, last
         self._rebases, self._announce, self._wait_secs = rebases, announce, wait_secs
         self._resumed_from, self._write = resumed_from, write
@@ -142,26 +153,91 @@ class DataPositionHook(V1.train.SessionRunHook):
         stored = self._settled(session, step)
         self.progress = progress = stored.progress
         end = progress.end_step(self._epochs)
-        self._last.data_end = end
         start = progress.position(step)
-        # Whole global batches to the end (end - step, but where a global step takes a
-        # worker's part of one: asynchronous ps/worker).
+        if self._positions is not None:
+            self._latest = self._positions.read(session)
+            start = self._next = self._latest[self._positions.rank]
+            self._steps = 0
         self.batches = batches = None if end is None else \
-            max(self._epochs * progress.num_examples - start, 0) // self._data.part.global_batch
+            batches_left(start, self._epochs, progress.num_examples, progress.batch_size)
+        if self._positions is None:
+            self._last.data_end = end
+        else:  # a worker ends with its own input (the global step says nothing of it)
+            self._last.data_end = step if batches == 0 else None
         self._data.begin(session, start, batches)
         if self._resumed_from is not None:
             self._write(f"resuming from {self._resumed_from} at step {step}: "
-                        f"{progress.where(step, self._epochs)}")
+                        f"{progress.where(step, self._epochs)}{self._workers_text()}")
             self._resumed_from = None  # a session made again (a lost ps) says nothing
+
+    def _workers_text(self) -> str:
+        """Where an asynchronous job's workers stand, said after where its data stands."""
+        if self._positions is None:
+            return ""
+        at = ", ".join(f"{p:,}" for p in self._latest)
+        restored = self._positions.restored
+        if restored is None:
+            return f"; worker positions {at}: each worker goes on at its own next part"
+        batch = self.progress.batch_size
+        again = positions_trained(restored, towers.shard_sizes(batch, len(restored)),
+                                  batch) - min(restored)
+        return (f"; the checkpoint's {len(restored)} workers stood at positions "
+                f"{', '.join(f'{p:,}' for p in restored)}: each of the "
+                f"{self._positions.workers} starts at the lowest, and the {again:,} examples "
+                "trained beyond it are trained again")
+
+    def before_run(self, run_context):
+        if self._positions is not None:
+            return V1.train.SessionRunArgs(self._positions.after_step)
+        return None
+
+    def after_run(self, run_context, run_values) -> None:
+        if self._positions is None:
+            return
+        self._latest = [int(p) for p in run_values.results]
+        self._steps += 1
+        self._next += self.progress.batch_size
+        mine = self._latest[self._positions.rank]
+        if mine != self._next:
+            self._moved_under(run_context.session, mine)
+
+    def _moved_under(self, session, mine: int) -> None:
+        """This worker's position is not where its steps left it: a chief restarted alone
+        restored a checkpoint onto the ps. Go on at the restored position; this step's
+        advance may have landed on it, so one global batch before it (a part trained
+        twice rather than one skipped)."""
+        at = max(mine - self.progress.batch_size, 0)
+        self._positions.put_back(session, at)
+        left = batches_left(at, self._epochs, self.progress.num_examples,
+                            self.progress.batch_size) if self._epochs is not None else None
+        self.batches = None if left is None else self._steps + left
+        self._data.begin(session, at, left)
+        self._next = at
+        self._write(f"this worker's position moved to {mine:,} (a checkpoint restored under "
+                    f"it): it goes on at {at:,}")
+
+    def end(self, session) -> None:
+        if self._positions is not None:
+            self._latest = self._positions.read(session)
+
+    def parts_left(self, positions: list[int]) -> list[int]:
+        """The parts of the data's passes each asynchronous worker has left to train."""
+        if self._epochs is None:
+            return [0] * len(positions)
+        n, batch = self.progress.num_examples, self.progress.batch_size
+        return [batches_left(p, self._epochs, n, batch) for p in positions]
 
     def _settled(self, session, step: int) -> Stored:
         deadline = time.monotonic() + self._wait_secs
         while True:
-            stored = self._state.read(session)
+            stored = self._at_lowest(session, self._state.read(session), step)
             settled, change = reconcile(stored, self._state.wanted, step)
             if change is None:
                 return settled
             if self._rebases:
+                if self._positions is not None:  # first: the others wait for the state
+                    at = settled.progress.position(step)
+                    self._positions.set(session, [at] * self._positions.workers)
                 self._state.write(session, settled)
                 if self._announce:
                     self._write(change)
@@ -170,6 +246,15 @@ class DataPositionHook(V1.train.SessionRunHook):
             if time.monotonic() > deadline or moved_on:
                 raise self._unsettled(stored, moved_on, change)
             time.sleep(WAIT_POLL_SECS)
+
+    def _at_lowest(self, session, stored: Stored, step: int) -> Stored:
+        """An asynchronous job's state as it stands at step ``step``: at the lowest
+        worker position (its base is moved only by a save or a change)."""
+        if self._positions is None:
+            return stored
+        low = min(self._positions.read(session))
+        return Stored(dataclasses.replace(stored.progress, base_step=step, base_position=low),
+                      stored.seed, stored.files)
 
     def _unsettled(self, stored: Stored, moved_on: bool, change: str) -> Exception:
         """Why the state the chief keeps never became this worker's: the chief trains (it
@@ -194,8 +279,13 @@ class DataPositionHook(V1.train.SessionRunHook):
 
     def examples_trained(self, step: int) -> int:
         """The positions the job's steps have taken, up to step ``step``."""
+        if self._latest is not None:
+            return positions_trained(self._latest, self._positions.parts,
+                                     self.progress.batch_size)
         return self.progress.position(step) if self.progress else 0
 
     def epoch(self, step: int) -> float:
         """The passes over the data done at step ``step``."""
-        return self.progress.epoch(step) if self.progress else 0.0
+        if not self.progress:
+            return 0.0
+        return self.examples_trained(step) / self.progress.num_examples

@@ -82,6 +82,10 @@ class StallWatch(V1.train.SessionRunHook):
         self._warned = False
 
     def end(self, session) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Watch no more: no step is due (the session ends, or waits on purpose)."""
         self._ended.set()
 
     def _watch(self) -> None:

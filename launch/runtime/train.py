@@ -37,6 +37,7 @@ from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.timeline import TimelineHook, timeline_path
 from launch.runtime.training_graph import TrainingGraph, build_training_graph
+from launch.runtime.worker_positions import OthersPartsHook
 
 V1 = tf.compat.v1
 
@@ -181,7 +182,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     data_position = DataPositionHook(
         built.data_state, built.input, ops.global_step, job.data.epochs, last,
         rebases=role.is_chief, announce=role.writes, wait_secs=role.max_wait_secs,
-        resumed_from=resumed, write=write)
+        resumed_from=resumed, write=write, positions=built.positions)
     served = metrics.training_hooks(
         exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session,
         plan.job_examples_per_step if role.writes else None,  # one series per job
@@ -208,6 +209,8 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     )
     stop_at = StopAtStepHook(last, write, job.data.epochs)
     data_end = DataEndHook(lambda: data_position.batches)
+    stall = StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
+                       exit_now)
     hooks = [
         *role.start_hooks(ops),
         data_position,  # before any hook asks where the job stops
@@ -218,8 +221,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         role.stop_hook(stop),
         data_end,
         *role.hooks(ops, data_end, phases),
-        StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
-                   exit_now),
+        stall,
     ]
     loss_scale = None
     if ops.loss_scale is not None:
@@ -236,12 +238,27 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     if cfg.on_nonfinite == "skip":
         hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
+    others_parts = _others_parts(built, data_position, stop, role, stall, write)
+    if not role.writes:
+        hooks.extend(others_parts)
     chief_hooks = [
+        *others_parts,  # before the final save
         checkpoints.saver_hook(cfg, scaffold, write, [*served.listeners, last_save]),
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
                  loss_scale)
+
+
+def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,
+                  role: Role, stall: StallWatch, write) -> list[V1.train.SessionRunHook]:
+    """An asynchronous worker's wait, once it has trained its parts of the data's passes,
+    for the others' (so every task ends at once, and the chief's final checkpoint holds
+    every part)."""
+    if built.positions is None:
+        return []
+    return [OthersPartsHook(built.positions, data_position.parts_left, lambda: bool(stop),
+                            role.max_wait_secs, write, on_wait=stall.stop)]
 
 
 def _on_step(served, data_figures, data_position: DataPositionHook):

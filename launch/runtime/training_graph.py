@@ -21,6 +21,8 @@ from launch.runtime.input_watch import count_batches
 from launch.runtime.inputs import TrainingInput, training_input
 from launch.runtime.optim import learning_rate, make_optimizer
 from launch.runtime.plan import Plan
+from launch.runtime.positions_saver import positions_saver
+from launch.runtime.worker_positions import WorkerPositions
 
 V1 = tf.compat.v1
 
@@ -39,6 +41,7 @@ class TrainingGraph(NamedTuple):
     rate: tf.Tensor
     input: TrainingInput
     data_state: DataState
+    positions: WorkerPositions | None = None  # an asynchronous ps/worker job's
 
 
 def build_training_graph(
@@ -64,7 +67,9 @@ def build_training_graph(
     step_device = mode.step_device(plan.devices)
     with V1.device(step_device):
         global_step = V1.train.get_or_create_global_step()
-    state = DataState(feed, data_per_step(job, plan), job.data.seed, step_device)
+    state = DataState(feed, job.train.batch_size, job.data.seed, step_device)
+    positions = WorkerPositions(plan.share.count, plan.share.index, job.train.batch_size,
+                                step_device) if asynchronous(job, plan) else None
     rate = learning_rate(job.optimizer, global_step, job.train.batch_size)
     optimizer = make_optimizer(job.optimizer, rate)
     if wrap_optimizer is not None:
@@ -72,33 +77,32 @@ def build_training_graph(
     with told_as_lines(write):
         ops = _build_train_op(job, plan, feed, optimizer, mode, global_step)
     ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(feed.features, plan.host)))
+    if positions is not None:
+        ops = ops._replace(train_op=positions.advanced_by(ops.train_op))
     _add_summaries(ops, rate, job.train.histograms)
     if job.train.warm_start is not None:
         kept = {id(v) for v in (*optimizer.variables(), global_step,
-                                *state.variables.values())}
+                                *state.variables.values(),
+                                *V1.get_collection(checkpoints.RESTORED_APART))}
         model_vars = [v for v in V1.global_variables() if id(v) not in kept]
         checkpoints.warm_start(job.train.warm_start, model_vars, write)
-    saver = V1.train.Saver(
-        max_to_keep=job.train.max_to_keep,
-        keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
-        save_relative_paths=True,
-    )
+    saving = dict(max_to_keep=job.train.max_to_keep,
+                  keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
+                  save_relative_paths=True)
+    saver = V1.train.Saver(**saving) if positions is None else \
+        positions_saver(positions, state, global_step, **saving)
     scaffold = V1.train.Scaffold(
         saver=saver,
         local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op,
                                feed.initializer),
     )
-    return TrainingGraph(ops, scaffold, rate, feed, state)
+    return TrainingGraph(ops, scaffold, rate, feed, state, positions)
 
 
-def data_per_step(job: JobConfig, plan: Plan) -> int:
-    """The positions one advance of the global step moves the data on by: a global batch
-    (train.batch_size) where a step takes every process's part of one (one process,
-    collective, Horovod, synchronous ps/worker: a backup's dropped part is not trained
-    again); in an asynchronous ps/worker job, where each worker's step moves the global
-    step, one worker's part of it."""
-    asynchronous = callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
-    return plan.process_batch_size if asynchronous else job.train.batch_size
+def asynchronous(job: JobConfig, plan: Plan) -> bool:
+    """An asynchronous ps/worker job of several workers: each worker's step moves the
+    global step, and each trains its part of the global batches at its own pace."""
+    return callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
 
 
 def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,

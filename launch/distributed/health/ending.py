@@ -1,10 +1,13 @@
 """How a ps/worker job ends, so that no process waits forever.
 
 - When the job stops for one worker it stops for all: the chief, when it stops
-  (train.steps reached, or a stop signal), and any worker that runs out of data
-  (a finite data set, `data.epochs`) put a token on the "stop" queue on ps 0,
+  (train.steps reached, or a stop signal), and any synchronous worker that runs out
+  of data (a finite data set, `data.epochs`) put a token on the "stop" queue on ps 0,
   whose size every worker fetches with each step. Without that, a synchronous
-  step would wait for ever for the gradient of a worker that has left.
+  step would wait for ever for the gradient of a worker that has left. An
+  asynchronous worker that has trained its parts of the data's passes stops no one:
+  it waits until every worker has trained its own (the chief before its final
+  checkpoint: launch.runtime.worker_positions), and then every task ends.
 - A worker whose step diverged (a NaN or infinite loss or gradient, never
   applied) puts its rank on the "diverged" queue: every other worker stops at its
   next step with exit status 3 too, and the chief saves nothing after its last
@@ -80,6 +83,7 @@ class JobEndHook(V1.train.SessionRunHook):
         stop, diverged, final = stop_queue(), diverged_queue(), final_step_queue()
         everyone = task.num_workers
         release = [release_tokens] if release_tokens is not None else []
+        self._synchronous = release_tokens is not None
         self._sizes = {"stop": stop.size(), "diverged": diverged.size()}
         self._which_diverged = diverged.dequeue()
         self._signal_stop = stop.enqueue_many(tf.zeros([everyone], tf.int32))
@@ -113,10 +117,12 @@ class JobEndHook(V1.train.SessionRunHook):
 
     def end(self, session) -> None:
         out_of_data = self._data_end.ran_out
-        if out_of_data:
-            self._write(f"worker rank {self._task.worker_rank} ran out of data; "
-                        "stopping every worker of the job")
-        if self._task.is_chief or out_of_data:
+        rank = self._task.worker_rank
+        if out_of_data and not self._synchronous:
+            self._write(f"worker rank {rank} has trained its parts of the data's passes")
+        elif out_of_data:
+            self._write(f"worker rank {rank} ran out of data; stopping every worker of the job")
+        if self._task.is_chief or (out_of_data and self._synchronous):
             session.run(self._signal_stop)
             release_tokens(session, self._release)
 

@@ -1,0 +1,36 @@
+"""A model that counts, in its own weights, how often each example's update was applied:
+the built-in mlp and one more variable, ``mlp_counts/trained`` [rows], whose gradient is
+-1 at each position of the tower's batch (positions modulo rows: an example's place in
+its epoch's order) and 0 elsewhere. Under optimizer.name: sgd each applied update adds
+the same amount at each of its examples' places, so a checkpoint's ``trained`` divided by
+that amount is how many of the updates it holds took each one. The loss it reports is
+the mlp's own. Each step also sleeps ``delay_secs`` (no CPU), so a test can stop a job
+part way through a small data set."""
+
+import time
+
+import tensorflow as tf
+
+import models
+
+V1 = tf.compat.v1
+
+
+def build(*, rows: int, delay_secs: float = 0.0, **params):
+    mlp = models.build("mlp", params).model_fn
+
+    def model_fn(features, labels, ctx):
+        if delay_secs:
+            features = tf.ensure_shape(tf.numpy_function(
+                lambda x: time.sleep(delay_secs) or x, [features], features.dtype,
+                stateful=True), features.shape)
+        with V1.variable_scope("mlp_counts"):
+            trained = V1.get_variable("trained", [rows], initializer=V1.zeros_initializer())
+        outputs = mlp(features, labels, ctx)
+        taken = -tf.reduce_sum(tf.gather(trained, ctx.draws.positions % rows))
+        return outputs._replace(loss=outputs.loss + taken - tf.stop_gradient(taken))
+
+    return model_fn
+
+
+build.input_spec = models.build("mlp", {"input_dim": 8, "num_classes": 2}).input_spec
