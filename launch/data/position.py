@@ -58,8 +58,8 @@ class DataProgress:
         fewer than batch_size examples is not trained). None: the data has no end."""
         if epochs is None:
             return None
-        left = epochs * self.num_examples - self.base_position
-        return self.base_step + left // self.batch_size if left >= 0 else self.base_step
+        return self.base_step + batches_left(self.base_position, epochs, self.num_examples,
+                                             self.batch_size)
 
     def epoch(self, step: int) -> float:
         """The passes over the data done before step ``step`` (1.5: half way through the

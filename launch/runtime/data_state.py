@@ -158,8 +158,7 @@ class DataPositionHook(V1.train.SessionRunHook):
             self._latest = self._positions.read(session)
             start = self._next = self._latest[self._positions.rank]
             self._steps = 0
-        self.batches = batches = None if end is None else \
-            batches_left(start, self._epochs, progress.num_examples, progress.batch_size)
+        self.batches = batches = self._batches_from(start)
         if self._positions is None:
             self._last.data_end = end
         else:  # a worker ends with its own input (the global step says nothing of it)
@@ -208,8 +207,7 @@ class DataPositionHook(V1.train.SessionRunHook):
         twice rather than one skipped)."""
         at = max(mine - self.progress.batch_size, 0)
         self._positions.put_back(session, at)
-        left = batches_left(at, self._epochs, self.progress.num_examples,
-                            self.progress.batch_size) if self._epochs is not None else None
+        left = self._batches_from(at)
         self.batches = None if left is None else self._steps + left
         self._data.begin(session, at, left)
         self._next = at
@@ -222,10 +220,15 @@ class DataPositionHook(V1.train.SessionRunHook):
 
     def parts_left(self, positions: list[int]) -> list[int]:
         """The parts of the data's passes each asynchronous worker has left to train."""
+        return [self._batches_from(p) or 0 for p in positions]
+
+    def _batches_from(self, position: int) -> int | None:
+        """The whole global batches from ``position`` to the end of the data's passes;
+        None when the data has no end (no data.epochs)."""
         if self._epochs is None:
-            return [0] * len(positions)
-        n, batch = self.progress.num_examples, self.progress.batch_size
-        return [batches_left(p, self._epochs, n, batch) for p in positions]
+            return None
+        return batches_left(position, self._epochs, self.progress.num_examples,
+                            self.progress.batch_size)
 
     def _settled(self, session, step: int) -> Stored:
         deadline = time.monotonic() + self._wait_secs
