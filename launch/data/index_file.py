@@ -33,7 +33,10 @@ import tensorflow as tf
 SUFFIX = ".towers-index"
 MAGIC = b"TWRINDX1"
 _HEADER = struct.Struct("<IQqQ")  # name length, size, mtime_ns, records
-FRAME_BYTES = 16  # the last record's header (12) and its data's checksum (4)
+# A TFRecord record's frame around its data (launch.data.record_index reads it).
+HEADER_BYTES = 12  # length (8) and its checksum (4)
+FOOTER_BYTES = 4  # the data's checksum
+FRAME_BYTES = HEADER_BYTES + FOOTER_BYTES  # kept of the last record: its header, its checksum
 _CRC = struct.Struct("<I")
 
 
@@ -127,9 +130,9 @@ def file_state(name: str, offsets: np.ndarray | tuple = ()) -> FileState:
     if len(offsets) and 0 <= offsets[-1] <= size - FRAME_BYTES:
         with tf.io.gfile.GFile(name, "rb") as raw:
             raw.seek(int(offsets[-1]))
-            header = raw.read(12)
-            raw.seek(size - 4)
-            frame = header + raw.read(4)
+            header = raw.read(HEADER_BYTES)
+            raw.seek(size - FOOTER_BYTES)
+            frame = header + raw.read(FOOTER_BYTES)
     return FileState(os.path.basename(name), size, mtime_ns, frame)
 
 

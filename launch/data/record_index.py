@@ -24,11 +24,8 @@ import tensorflow as tf
 from launch.data import index_file
 from launch.data.errors import DataError
 from launch.data.formats import file_size, read_error
-from launch.data.index_file import StoredIndex
+from launch.data.index_file import FOOTER_BYTES, HEADER_BYTES, StoredIndex
 from launch.log import debug
-
-HEADER_BYTES = 12  # length (8) and its checksum (4)
-FOOTER_BYTES = 4  # the data's checksum
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from launch.data import index_file
 from launch.data.errors import DataError
-from launch.data.record_index import FOOTER_BYTES, HEADER_BYTES
+from launch.data.index_file import FOOTER_BYTES, HEADER_BYTES
 
 
 def shard_names(out_prefix: str | os.PathLike, num_shards: int) -> list[str]:
