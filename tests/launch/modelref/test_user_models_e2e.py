@@ -6,9 +6,12 @@ local-cluster --ps 1 --workers 2` and `horovodrun -np 2` (the TF1 one takes the 
 of the built-in models there, which tests/launch/distributed covers); `towers eval`
 reads each checkpoint; the exported SavedModels, loaded in a fresh process, predict
 what `towers eval --predictions` did on the same examples. An installed package's
-entry point names a model; the user's own bug is reported as theirs. The runs share
-one module fixture: the cluster jobs run in processes of their own, the other commands
-through their main() in this process meanwhile, and a fresh process serves the exports.
+entry point names a model; the user's own bug is reported as theirs. The ps/worker
+job also carries tests/helpers/job_rates.py's check of a 2-worker asynchronous job's
+examples/sec (so test_throughput_figures.py starts no cluster of its own for it). The
+runs share one module fixture: the cluster jobs run in processes of their own, the
+other commands through their main() in this process meanwhile, and a fresh process
+serves the exports.
 """
 
 import os
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 from helpers.commands import ROOT, environment, last_json, ok, run_in_process, run_towers
 from helpers.doc_pages import snippet as docs_snippet
+from helpers.job_rates import check_job_rate
 
 # One fixture runs everything; on a machine other test runs share it can take longer
 # than the default per-test bound.
@@ -33,6 +37,9 @@ STEPS = 60  # enough for both examples to pass 80% eval accuracy on digits
 # Bounds against a hung run, not speed targets: other test runs may share the cores.
 TIMEOUT = 600
 CLUSTER_STEPS = 10
+# Enough for the ps/worker job's rates to be compared within 5% (a timed span of about
+# 3 s; the workers' spans start and end apart by a step or two).
+RATE_STEPS = 300
 
 
 def _horovod_ready() -> bool:
@@ -100,7 +107,8 @@ def local_run(kind: str, data: str, base: str) -> dict:
 
 
 def cluster_args(kind: str, data: str, base: str, how: str) -> list[str]:
-    return job_args(kind, data, os.path.join(base, f"{kind}-{how}"), steps=CLUSTER_STEPS)
+    steps = RATE_STEPS if how == "local-cluster" else CLUSTER_STEPS
+    return job_args(kind, data, os.path.join(base, f"{kind}-{how}"), steps=steps)
 
 
 def cluster_run(kind: str, data: str, base: str, how: str) -> subprocess.CompletedProcess | None:
@@ -275,6 +283,10 @@ def test_cluster_jobs_train_and_their_checkpoints_evaluate(runs, name):
     # Asynchronous workers may each take a step past the last: the job ends at or after it.
     assert scored["global_step"] >= CLUSTER_STEPS
     assert np.isfinite(scored["loss"])
+
+
+def test_a_ps_worker_jobs_examples_per_sec_is_what_its_workers_records_add_up_to(runs):
+    check_job_rate(runs["keras-local-cluster"]["run"])
 
 
 def test_an_installed_package_names_a_model_by_entry_point(runs):
