@@ -10,8 +10,10 @@ import pytest
 from helpers.commands import FAST, run_towers
 from helpers.job_rates import check_job_rate
 
+# 150 steps: a timed span of about 2 s, on which the lockstep workers' starts and ends
+# (a few ms apart) move the recomputed rate well under 5% (0.05-0.2% measured).
 JOB = [*FAST, "--set", "towers.devices=1", "--set", "train.batch_size=64",
-       "--set", "train.steps=300", "--set", "train.log_every_steps=100"]
+       "--set", "train.steps=150", "--set", "train.log_every_steps=50"]
 
 
 @pytest.mark.e2e
