@@ -14,6 +14,8 @@ other commands through their main() in this process meanwhile, and a fresh proce
 serves the exports.
 """
 
+import glob
+import importlib.util
 import os
 import runpy
 import shutil
@@ -43,9 +45,15 @@ RATE_STEPS = 300
 
 
 def _horovod_ready() -> bool:
-    probe = [sys.executable, "-c", "import horovod.tensorflow"]
-    return shutil.which("horovodrun") is not None and subprocess.run(
-        probe, capture_output=True, env=environment()).returncode == 0
+    """horovodrun on the PATH and Horovod built with its TensorFlow ops (their library
+    beside horovod/tensorflow/__init__.py): looked up, not imported, which would take a
+    process of its own seconds of TensorFlow start-up. A build that is there but does
+    not load fails the test, with horovodrun's own message, instead of skipping it."""
+    spec = importlib.util.find_spec("horovod")
+    if shutil.which("horovodrun") is None or spec is None or spec.origin is None:
+        return False
+    ops = os.path.join(os.path.dirname(spec.origin), "tensorflow", "mpi_lib*.so")
+    return bool(glob.glob(ops))
 
 
 def towers_run(*args: str) -> subprocess.CompletedProcess:
@@ -212,7 +220,10 @@ def runs(tmp_path_factory):
     # The cluster jobs, processes by nature, in threads while this process runs the
     # other commands through their main() (which holds this process's stdout and
     # stderr while it runs: one at a time, here).
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # One thread, so one cluster job at a time: the ps/worker job's rates are checked,
+    # and its two workers should share the cores with this process's short commands,
+    # not with two Horovod ranks as well.
+    with ThreadPoolExecutor(max_workers=1) as pool:
         # The TF1 model takes the same cluster paths as the built-in ones
         # (tests/launch/distributed); the Keras one is new there.
         futures = {how: pool.submit(cluster_run, "keras", data, base, how)
