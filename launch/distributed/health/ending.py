@@ -151,7 +151,7 @@ def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None
         pass
 
 
-def tell_final_step(task: Task, master: str, config: V1.ConfigProto, step: int) -> None:
+def tell_final_step(task: Task, step: int) -> None:
     """The chief, its final checkpoint written: the job's last step, for every other
     worker's result. A ps that is gone cannot pass it on; they keep the step they saw."""
     if task.num_workers < 2:
@@ -160,13 +160,12 @@ def tell_final_step(task: Task, master: str, config: V1.ConfigProto, step: int) 
     with graph.as_default():
         tell = final_step_queue().enqueue_many(tf.fill([task.num_workers - 1], step))
     try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            sess.run(tell, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+        _run_on_ps(task, 0, graph, tell, REPORT_TIMEOUT_MS)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         pass
 
 
-def final_step(master: str, config: V1.ConfigProto, wait_secs: float) -> int | None:
+def final_step(task: Task, wait_secs: float) -> int | None:
     """A worker other than the chief: the step of the chief's final checkpoint, waiting
     for it at most wait_secs; None when it did not come (the chief failed, or ps 0 is
     gone)."""
@@ -174,24 +173,40 @@ def final_step(master: str, config: V1.ConfigProto, wait_secs: float) -> int | N
     with graph.as_default():
         take = final_step_queue().dequeue()
     try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            return int(sess.run(take, options=V1.RunOptions(timeout_in_ms=int(wait_secs * 1000))))
+        return int(_run_on_ps(task, 0, graph, take, int(wait_secs * 1000)))
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.CancelledError):
         return None
 
 
-def report_finished(task: Task, master: str, config: V1.ConfigProto,
-                    write: Callable[[str], None]) -> None:
-    """Tell every ps task this worker is done, from a fresh session after training's."""
-    graph = tf.Graph()
-    with graph.as_default():
-        rank = tf.constant(task.worker_rank)
-        report = tf.group(
-            *[finished_queue(k).enqueue(rank) for k in range(len(task.cluster["ps"]))]
-        )
-    try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            sess.run(report, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+def report_finished(task: Task, write: Callable[[str], None]) -> None:
+    """Tell every ps task this worker is done, after its training session."""
+    missed = 0
+    for k in range(len(task.cluster["ps"])):
+        graph = tf.Graph()
+        with graph.as_default():
+            report = finished_queue(k).enqueue(tf.constant(task.worker_rank))
+        try:
+            _run_on_ps(task, k, graph, report, REPORT_TIMEOUT_MS)
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+            missed += 1
+    if missed:
         write("could not report finished to every ps task; one has stopped already")
+
+
+def _run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
+    """Run `fetch`, ops on ps task `ps_index` alone, through that task's own server,
+    waiting at most wait_ms in all (DeadlineExceededError past it).
+
+    Not through this worker's server: a session there first looks up every device its
+    filters name, and waits for a ps that has gone without end (TensorFlow's device
+    search has no timeout), so a worker reporting to a ps that had stopped waited until
+    its ps watch ended it, 138, after cluster.reconnect_timeout_secs. A session of the
+    ps's own server needs no other task, and its creation is bounded by the
+    operation timeout.
+    """
+    config = V1.ConfigProto(device_filters=[f"/job:ps/task:{ps_index}"],
+                            operation_timeout_in_ms=wait_ms)
+    target = f"grpc://{task.cluster['ps'][ps_index]}"
+    with V1.Session(target, graph=graph, config=config) as sess:
+        return sess.run(fetch, options=V1.RunOptions(timeout_in_ms=wait_ms))
