@@ -8,9 +8,7 @@ and changes no value: the variables are the mlp's (same names), so a job may swi
 between this model and `mlp` on one checkpoint.
 """
 
-import time
-
-import tensorflow as tf
+from slow_model import sleeping  # a sibling: model.path is on sys.path
 
 import models
 import models.mlp
@@ -21,17 +19,7 @@ def build(*, delay_secs: float, input_dim: int, hidden_units: list[int],
           num_classes: int) -> towers.ModelFn:
     mlp = models.mlp.build_model_fn(
         models.mlp.Params(input_dim, tuple(hidden_units), num_classes))
-
-    def model_fn(features, labels, ctx):
-        """features [batch, input_dim] passed on unchanged, after the sleep."""
-        def sleep(x):
-            time.sleep(delay_secs)
-            return x
-
-        slept = tf.numpy_function(sleep, [features], features.dtype, stateful=True)
-        return mlp(tf.ensure_shape(slept, features.shape), labels, ctx)
-
-    return model_fn
+    return sleeping(mlp, delay_secs)
 
 
 # What the built-in mlp takes (784 features, 10 classes: the built-in data's); a model
