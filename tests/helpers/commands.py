@@ -121,11 +121,12 @@ class Process:
     def stdout(self) -> str:
         return (self.err_path.parent / self.err_path.name.replace(".err", ".out")).read_text()
 
-    def wait_for(self, pattern, timeout=120):
-        """The first match of `pattern` in the process's stderr, waiting for it."""
+    def wait_for(self, pattern, timeout=120, start=0):
+        """The first match of `pattern` in the process's stderr from character `start` on
+        (what it wrote after an event: `start=len(process.stderr)` then), waiting for it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = re.search(pattern, self.stderr)
+            found = re.search(pattern, self.stderr[start:])
             if found:
                 return found
             assert self.proc.poll() is None, f"exited {self.proc.returncode}\n{self.stderr[-3000:]}"

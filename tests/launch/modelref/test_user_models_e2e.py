@@ -6,11 +6,16 @@ local-cluster --ps 1 --workers 2` and `horovodrun -np 2` (the TF1 one takes the 
 of the built-in models there, which tests/launch/distributed covers); `towers eval`
 reads each checkpoint; the exported SavedModels, loaded in a fresh process, predict
 what `towers eval --predictions` did on the same examples. An installed package's
-entry point names a model; the user's own bug is reported as theirs. The runs share
-one module fixture: the cluster jobs run in processes of their own, the other commands
-through their main() in this process meanwhile, and a fresh process serves the exports.
+entry point names a model; the user's own bug is reported as theirs. The ps/worker
+job also carries tests/helpers/job_rates.py's check of a 2-worker asynchronous job's
+examples/sec (so test_throughput_figures.py starts no cluster of its own for it). The
+runs share one module fixture: the cluster jobs run in processes of their own, the
+other commands through their main() in this process meanwhile, and a fresh process
+serves the exports.
 """
 
+import glob
+import importlib.util
 import os
 import runpy
 import shutil
@@ -22,6 +27,7 @@ import numpy as np
 import pytest
 from helpers.commands import ROOT, environment, last_json, ok, run_in_process, run_towers
 from helpers.doc_pages import snippet as docs_snippet
+from helpers.job_rates import check_job_rate
 
 # One fixture runs everything; on a machine other test runs share it can take longer
 # than the default per-test bound.
@@ -33,12 +39,21 @@ STEPS = 60  # enough for both examples to pass 80% eval accuracy on digits
 # Bounds against a hung run, not speed targets: other test runs may share the cores.
 TIMEOUT = 600
 CLUSTER_STEPS = 10
+# Enough for the ps/worker job's rates to be compared within 5% (a timed span of about
+# 3 s; the workers' spans start and end apart by a step or two).
+RATE_STEPS = 300
 
 
 def _horovod_ready() -> bool:
-    probe = [sys.executable, "-c", "import horovod.tensorflow"]
-    return shutil.which("horovodrun") is not None and subprocess.run(
-        probe, capture_output=True, env=environment()).returncode == 0
+    """horovodrun on the PATH and Horovod built with its TensorFlow ops (their library
+    beside horovod/tensorflow/__init__.py): looked up, not imported, which would take a
+    process of its own seconds of TensorFlow start-up. A build that is there but does
+    not load fails the test, with horovodrun's own message, instead of skipping it."""
+    spec = importlib.util.find_spec("horovod")
+    if shutil.which("horovodrun") is None or spec is None or spec.origin is None:
+        return False
+    ops = os.path.join(os.path.dirname(spec.origin), "tensorflow", "mpi_lib*.so")
+    return bool(glob.glob(ops))
 
 
 def towers_run(*args: str) -> subprocess.CompletedProcess:
@@ -100,7 +115,8 @@ def local_run(kind: str, data: str, base: str) -> dict:
 
 
 def cluster_args(kind: str, data: str, base: str, how: str) -> list[str]:
-    return job_args(kind, data, os.path.join(base, f"{kind}-{how}"), steps=CLUSTER_STEPS)
+    steps = RATE_STEPS if how == "local-cluster" else CLUSTER_STEPS
+    return job_args(kind, data, os.path.join(base, f"{kind}-{how}"), steps=steps)
 
 
 def cluster_run(kind: str, data: str, base: str, how: str) -> subprocess.CompletedProcess | None:
@@ -204,7 +220,10 @@ def runs(tmp_path_factory):
     # The cluster jobs, processes by nature, in threads while this process runs the
     # other commands through their main() (which holds this process's stdout and
     # stderr while it runs: one at a time, here).
-    with ThreadPoolExecutor(max_workers=2) as pool:
+    # One thread, so one cluster job at a time: the ps/worker job's rates are checked,
+    # and its two workers should share the cores with this process's short commands,
+    # not with two Horovod ranks as well.
+    with ThreadPoolExecutor(max_workers=1) as pool:
         # The TF1 model takes the same cluster paths as the built-in ones
         # (tests/launch/distributed); the Keras one is new there.
         futures = {how: pool.submit(cluster_run, "keras", data, base, how)
@@ -275,6 +294,10 @@ def test_cluster_jobs_train_and_their_checkpoints_evaluate(runs, name):
     # Asynchronous workers may each take a step past the last: the job ends at or after it.
     assert scored["global_step"] >= CLUSTER_STEPS
     assert np.isfinite(scored["loss"])
+
+
+def test_a_ps_worker_jobs_examples_per_sec_is_what_its_workers_records_add_up_to(runs):
+    check_job_rate(runs["keras-local-cluster"]["run"])
 
 
 def test_an_installed_package_names_a_model_by_entry_point(runs):
