@@ -11,12 +11,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.sessions import quick_session_config
 from helpers.tower_training import (
     assert_same_variables,
     cpus,
     image_batches,
     load,
-    quick_session_config,
     train,
 )
 

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.sessions import quick_session_config
 from helpers.tower_training import (
     SMALL,
     assert_same_variables,
@@ -12,7 +13,6 @@ from helpers.tower_training import (
     image_batches,
     momentum,
     moving_mean_model,
-    quick_session_config,
     tiny_classifier,
     train,
 )
