@@ -24,10 +24,12 @@ LAUNCH_LAYERS = [
     ("launch.runtime",),
     # distributed/, lowest first: who is who in a cluster; the health of a job of several
     # processes (liveness, stalls, stragglers, stop votes, deadlines, how it ends); the
-    # arrangements that run them; local-cluster, which starts a whole job's tasks.
+    # arrangements that run them; local-cluster, which starts a whole job's tasks on
+    # ports of its own.
     ("launch.distributed.cluster",),
     ("launch.distributed.health",),
     ("launch.distributed.arrangements",),
+    ("launch.distributed.ports",),
     ("launch.distributed.local_cluster",),
     ("launch.bench", "launch.tune"),
     ("launch.cli", "launch.cli_arrangement", "launch.cli_data", "launch.cli_help",

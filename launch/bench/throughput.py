@@ -147,7 +147,9 @@ def _start_cases(settings: Settings, rows: list[Row], cases: dict, peaks: dict,
     did not build, are marked skipped or failed instead) and `peaks` (number type ->
     its peak matmul, built here while the rows build), builds the in-process rows a
     few at a time, and returns their graph facts by (row mode, variant)."""
-    missing = horovod_missing() if "horovod" in settings.modes else None
+    # The probe imports TensorFlow in a process of its own: only for a row that needs it
+    # (--towers 1 plans no horovod row, whatever --modes says).
+    missing = horovod_missing() if any(row.mode == "horovod" for row in rows) else None
     specs = {}
     for i, row in enumerate(rows):
         row.skipped = cannot_run(row, missing)

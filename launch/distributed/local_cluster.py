@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 
 from launch.config import JobConfig
 from launch.distributed.cluster import ClusterError
+from launch.distributed.ports import free_ports
 from launch.log import log
 from launch.runtime.signals import StopSignals
 from launch.runtime.timeline import merge, timeline_path
@@ -37,18 +37,6 @@ class _Task:
     process: subprocess.Popen | None = None
     stdout: list[str] = field(default_factory=list)
     readers: list[threading.Thread] = field(default_factory=list)
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports the kernel says are free now (held open together so they are distinct)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def plan_tasks(

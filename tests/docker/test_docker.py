@@ -38,7 +38,7 @@ from launch import modelref
 from launch.cli import build_parser
 from launch.config import load_job
 from launch.distributed.cluster import Flags, resolve
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 from launch.errors import EXIT_BAD_INPUT, EXIT_PEER_UNAVAILABLE
 
 DOCKER = os.path.join(ROOT, "docker")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

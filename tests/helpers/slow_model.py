@@ -12,18 +12,22 @@ import towers
 
 def build(*, delay_secs: float = 0.0, **params) -> towers.ModelFn:
     convnet = models.build("convnet", params).model_fn
-    if not delay_secs:
-        return convnet
+    return sleeping(convnet, delay_secs) if delay_secs else convnet
 
-    def model_fn(features, labels, ctx):
+
+def sleeping(model_fn: towers.ModelFn, delay_secs: float) -> towers.ModelFn:
+    """model_fn, whose every step first sleeps `delay_secs`; the features [batch, ...]
+    pass on unchanged, so the values are model_fn's own."""
+
+    def slowed_fn(features, labels, ctx):
         def sleep(x):
             time.sleep(delay_secs)
             return x
 
         slowed = tf.numpy_function(sleep, [features], features.dtype, stateful=True)
-        return convnet(tf.ensure_shape(slowed, features.shape), labels, ctx)
+        return model_fn(tf.ensure_shape(slowed, features.shape), labels, ctx)
 
-    return model_fn
+    return slowed_fn
 
 
 # The straggler job's convnet (3 channels, 2 classes: tests/helpers/stragglers.py); a

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from helpers.commands import FAST, ROOT, environment
 
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "srun", "scontrol", "scancel", "sinfo", "squeue")

@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 import tensorflow as tf
-from conftest import cpu_session_config
+from helpers.sessions import quick_session_config
 
 import models
 import towers
@@ -76,14 +76,6 @@ def load(sess, variables, values):
     if names:
         sess.run([variables[n].assign(feeds[n], read_value=False) for n in names],
                  {feeds[n]: values[n] for n in names})
-
-
-def quick_session_config(num_cpus):
-    """cpu_session_config without graph rewriting, which costs more than a few small
-    steps do."""
-    config = cpu_session_config(num_cpus)
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    return config
 
 
 def assert_same_variables(expected, actual, atol=1e-5):

@@ -48,7 +48,10 @@ def _ctx(is_training: bool, num_examples=None) -> TowerContext:
 
 
 def _session(graph: tf.Graph) -> v1.Session:
+    """A session without graph rewriting: on these small graphs Grappler's passes take
+    longer than the steps they would speed up (the product's sessions keep them)."""
     config = v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
     return v1.Session(graph=graph, config=config)
 
 

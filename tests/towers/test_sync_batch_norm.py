@@ -67,6 +67,8 @@ def one_step(devices, x, y, *, mode="parameter_server", batch_norm="sync", start
         outputs = [tf.concat(captured[k::per_layer], axis=0) for k in range(per_layer)]
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()
                      if v.op.name != "global_step"}
+        # Grappler on, as a job runs it: its rewrites (fused batch norm with its ReLU)
+        # are part of what must equal one device.
         with tf.compat.v1.Session(graph=graph, config=cpu_session_config(4)) as sess:
             sess.run(ops.init_op)
             load(sess, variables, start or {})
@@ -218,16 +220,23 @@ def keras_bn_model(synchronized):
     return model_fn
 
 
+KERAS_BATCHES = [batch(10), batch(10, seed=1)]
+
+
+@functools.cache
+def keras_one_device(synchronized):
+    """(start, final values) of 2 steps on one device: the reference both modes share."""
+    keras.utils.clear_session()  # Keras names its layers afresh in each graph
+    return train(keras_bn_model(synchronized), ["/cpu:0"], KERAS_BATCHES,
+                 optimizer=lambda: SGD(0.5), batch_norm="local")
+
+
 def keras_largest_differences(synchronized, batch_norm, num_towers, mode="parameter_server"):
     """Largest difference from one device over 2 steps: of any variable, and of the moving
     statistics alone."""
-    x, y = batch(10)
-    batches = [(x, y), batch(10, seed=1)]
-    keras.utils.clear_session()  # Keras names its layers afresh in each graph
-    start, single = train(keras_bn_model(synchronized), ["/cpu:0"], batches,
-                          optimizer=lambda: SGD(0.5), batch_norm="local")
+    start, single = keras_one_device(synchronized)
     keras.utils.clear_session()
-    _, multi = train(keras_bn_model(synchronized), cpus(num_towers), batches, mode=mode,
+    _, multi = train(keras_bn_model(synchronized), cpus(num_towers), KERAS_BATCHES, mode=mode,
                      optimizer=lambda: SGD(0.5), batch_norm=batch_norm, initial=start)
     assert sorted(single) == sorted(multi)
     moving = [n for n in single if "moving" in n]

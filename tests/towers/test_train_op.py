@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import cpu_session_config
+from helpers.sessions import quick_session_config
 from helpers.tower_training import (
     SMALL,
     assert_same_variables,
@@ -98,7 +98,7 @@ def test_batch_norm_statistics_come_from_tower_zero(mode):
         ops = towers.build_train_op(moving_mean_model, tf.constant(x), tf.constant(y),
                                     momentum(), cpus(2), variable_update=mode)
         (moving,) = [v for v in tf.compat.v1.global_variables() if "moving_mean" in v.op.name]
-        with tf.compat.v1.Session(config=cpu_session_config(2)) as sess:
+        with tf.compat.v1.Session(config=quick_session_config(2)) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(ops.sync_op)
             sess.run(ops.train_op)
@@ -114,7 +114,7 @@ def test_loss_and_metrics_are_example_weighted_means(graph):
     # 10 examples over 4 towers: 3, 3, 2, 2 -> (0*3 + 1*3 + 2*2 + 3*2) / 10 = 1.3
     ops = towers.build_train_op(constant_per_tower, tf.zeros([10, 1]), tf.zeros([10], tf.int32),
                                 momentum(), cpus(4))
-    with tf.compat.v1.Session(config=cpu_session_config(4)) as sess:
+    with tf.compat.v1.Session(config=quick_session_config(4)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         loss, metrics, step = sess.run([ops.loss, ops.metrics, ops.global_step])
         sess.run(ops.train_op)
@@ -128,7 +128,7 @@ def test_eval_ops_match_one_device(graph):
     (x, y), = image_batches(model.input_spec, 10, 1)
     ops = towers.build_eval_ops(model.model_fn, tf.constant(x), tf.constant(y), cpus(3))
     single = towers.build_eval_ops(model.model_fn, tf.constant(x), tf.constant(y), ["/cpu:0"])
-    with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
+    with tf.compat.v1.Session(config=quick_session_config(3)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         got, want = sess.run([ops, single])
     assert got.loss == pytest.approx(want.loss, abs=1e-6)
@@ -152,7 +152,7 @@ def test_eval_batches_smaller_than_the_towers_match_one_device(graph, model_name
         feed = {features: x, labels: y}
     ops = towers.build_eval_ops(model.model_fn, features, labels, cpus(3))
     single = towers.build_eval_ops(model.model_fn, features, labels, ["/cpu:0"])
-    with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
+    with tf.compat.v1.Session(config=quick_session_config(3)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         got, want = sess.run([ops, single], feed)
     assert got.num_examples == want.num_examples == batch

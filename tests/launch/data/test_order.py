@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.sessions import quick_session
 
 from launch.config import from_dict
 from launch.data import source_of
@@ -49,7 +50,7 @@ def read(src, part: BatchPart, start: int, batches: int) -> list[tuple[list, lis
         dataset = src.training_dataset(SPEC, part, start, batches)
         features, _, positions = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         got = []
-        with tf.compat.v1.Session() as sess:
+        with quick_session() as sess:
             for _ in range(batches):
                 x, p = sess.run([features, positions])
                 got.append((p.tolist(), x[:, 0].astype(int).tolist()))
@@ -170,7 +171,7 @@ def test_each_record_is_named_by_its_file_and_index_past_a_reads_first_block(tmp
             parsed = tf.io.parse_single_example(
                 record, {"features": tf.io.FixedLenFeature([1], tf.float32)})["features"]
             seen = []
-            with tf.compat.v1.Session() as sess:
+            with quick_session() as sess:
                 for _ in range(220 - start):
                     seen.append(sess.run([position, origin, parsed]))
         assert [int(p) for p, _, _ in seen] == list(range(start, 220))

@@ -15,6 +15,7 @@ from helpers.data_files import (
     write_examples,
     write_imagenet_records,
 )
+from helpers.sessions import quick_session
 
 from launch.config import load_job
 from launch.data import (
@@ -47,7 +48,7 @@ def _dataset(cfg, spec=SPEC, batch=4, skipped=None, **kwargs):
 def _batches(dataset, count=None):
     features, labels = input_tensors(dataset)
     out = []
-    with tf.compat.v1.Session() as session:
+    with quick_session() as session:
         while count is None or len(out) < count:
             try:
                 out.append(session.run([features, labels]))
@@ -371,7 +372,7 @@ def test_fail_mode_stops_with_one_line_naming_the_record(graph, tmp_path):
     cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet")
     check_source("tfrecord", SPEC, path, schema=cfg.schema)  # images decoded: 0 to 7
     features, _ = input_tensors(_dataset(cfg, batch=8, training=False, repeat=False))
-    with pytest.raises(DataError) as info, input_errors(path), tf.compat.v1.Session() as session:
+    with pytest.raises(DataError) as info, input_errors(path), quick_session() as session:
         for _ in range(5):
             session.run(features)
     assert str(info.value) == (f"{path}: record 20: 'image/encoded' does not decode as an image "
@@ -383,12 +384,12 @@ def test_fail_mode_finds_a_bad_last_record_of_a_finite_stream(graph, tmp_path):
     cfg = _data("source=tfrecord", f"path={path}", "schema=imagenet")
     features, _ = input_tensors(_dataset(cfg, batch=8, training=False, repeat=False))
     with pytest.raises(DataError, match="record 38: 'image/encoded' does not decode"), \
-            input_errors(path), tf.compat.v1.Session() as session:
+            input_errors(path), quick_session() as session:
         for _ in range(6):
             session.run(features)
 
 
 def test_model_errors_are_not_taken_for_data_errors(graph):
     with pytest.raises(tf.errors.InvalidArgumentError), input_errors("data"), \
-            tf.compat.v1.Session() as session:
+            quick_session() as session:
         session.run(tf.debugging.assert_equal(1, 2))

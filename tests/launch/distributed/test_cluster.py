@@ -29,7 +29,7 @@ from helpers.commands import (
 
 from launch.config import from_dict
 from launch.distributed.cluster import ClusterError, Flags, resolve
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 from launch.runtime.checkpoints import RESTORED_APART
 
 # --- resolving the cluster from the job file, flags and TF_CONFIG ------------------------

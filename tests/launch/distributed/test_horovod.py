@@ -1,5 +1,6 @@
 """The Horovod backend: real `horovodrun` with Gloo on localhost, against one process."""
 
+import functools
 import glob
 import os
 import re
@@ -21,15 +22,25 @@ from launch.distributed.arrangements.horovod import Rank, rank_job
 HOROVODRUN = shutil.which("horovodrun")
 
 
-def _horovod_installed() -> bool:
-    probe = [sys.executable, "-c", "import horovod.tensorflow"]
-    return subprocess.run(probe, capture_output=True, env=environment()).returncode == 0
+class _HorovodMissing:
+    """True where horovod cannot run. Asked when the first test needing it is set up
+    (pytest evaluates a skipif condition then), not at import: the probe starts a Python
+    that imports TensorFlow, about 3 s, and every test worker imports this module to
+    collect its tests, e2e or not."""
+
+    @functools.cached_property
+    def missing(self) -> bool:
+        if HOROVODRUN is None:
+            return True
+        probe = [sys.executable, "-c", "import horovod.tensorflow"]
+        return subprocess.run(probe, capture_output=True, env=environment()).returncode != 0
+
+    def __bool__(self) -> bool:
+        return self.missing
 
 
 needs_horovod = pytest.mark.skipif(
-    HOROVODRUN is None or not _horovod_installed(),
-    reason="horovod is not installed (`make horovod` builds it)",
-)
+    _HorovodMissing(), reason="horovod is not installed (`make horovod` builds it)")
 
 MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
        "--set", "optimizer.name=momentum", "--set", "optimizer.learning_rate=0.05",

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from launch.distributed.cluster import Task
 from launch.distributed.health.peer_reports import PeerReports, stall_cause, worker_names
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 
 V1 = tf.compat.v1
 

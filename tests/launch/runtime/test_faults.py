@@ -32,7 +32,7 @@ from helpers.commands import (
 from helpers.faults import job, poisoned_csv, rows_with_dropout
 
 from launch.config import load_job
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 from launch.runtime.train import train
 
 pytestmark = pytest.mark.e2e  # every test here trains or starts processes

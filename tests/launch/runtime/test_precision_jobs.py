@@ -7,6 +7,7 @@ than float32 is said at start-up.
 """
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -35,22 +36,36 @@ def run(ckpt, steps, lines=None, exporter=None, **sections):
     return train(from_dict(raw), exporter=exporter, write=write)
 
 
-def test_one_checkpoint_directory_resumes_in_every_precision(tmp_path):
-    names = None
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """One checkpoint directory trained on in every precision in turn: (results, the
+    variables each job left, a copy of the directory after each job)."""
+    directory = tmp_path_factory.mktemp("resumed")
+    results, variables, copies = [], [], []
     for steps, precision in [(3, "float32"), (6, "mixed_float16"), (9, "mixed_bfloat16"),
                              (12, "float32")]:
-        result = run(tmp_path, steps, towers={"precision": precision})
+        results.append(run(directory / "ckpt", steps, towers={"precision": precision}))
+        variables.append(checkpoint_variables(directory / "ckpt"))
+        copies.append(shutil.copytree(directory / "ckpt", directory / f"after-{steps}"))
+    return results, variables, copies
+
+
+def test_one_checkpoint_directory_resumes_in_every_precision(resumed):
+    results, variables, _ = resumed
+    names = None
+    for result, values, steps, precision in zip(
+            results, variables, (3, 6, 9, 12),
+            ("float32", "mixed_float16", "mixed_bfloat16", "float32"), strict=True):
         assert (result["global_step"], result["precision"]) == (steps, precision)
-        values = checkpoint_variables(tmp_path)
         assert {v.dtype.name for v in values.values()} == {"float32", "int64"}
         assert names in (None, sorted(values))  # the same variables, whatever the precision
         names = sorted(values)
     assert "loss_scale/loss_scale" not in names
 
 
-def test_export_serves_a_bfloat16_jobs_checkpoint_in_float32(tmp_path):
-    run(tmp_path / "ckpt", 3, towers={"precision": "mixed_bfloat16"})
-    raw = {**MLP, "train": {"checkpoint_dir": str(tmp_path / "ckpt")},
+def test_export_serves_a_bfloat16_jobs_checkpoint_in_float32(resumed, tmp_path):
+    bfloat16_checkpoint = resumed[2][2]  # the directory as the mixed_bfloat16 job left it
+    raw = {**MLP, "train": {"checkpoint_dir": str(bfloat16_checkpoint)},
            "towers": {"devices": 2, "precision": "mixed_bfloat16"}}
     export(from_dict(raw), str(tmp_path / "served"), write=lambda line: None)
     features = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
@@ -66,13 +81,13 @@ def test_export_serves_a_bfloat16_jobs_checkpoint_in_float32(tmp_path):
     np.testing.assert_allclose(served.sum(axis=1), 1.0, rtol=1e-6)
 
 
-def test_a_bfloat16_job_warm_starts_from_a_float32_checkpoint(tmp_path):
-    run(tmp_path / "source", 3)
-    source = checkpoint_variables(tmp_path / "source")
+def test_a_bfloat16_job_warm_starts_from_a_float32_checkpoint(resumed, tmp_path):
+    float32_checkpoint = resumed[2][0]  # as the first, float32, job left it
+    source = checkpoint_variables(float32_checkpoint)
     # A step too small to move anything: what the job holds after it is what it started from.
     run(tmp_path / "target", 1, towers={"precision": "mixed_bfloat16"},
         optimizer={"learning_rate": 1e-12},
-        train={"warm_start": str(tmp_path / "source")})
+        train={"warm_start": str(float32_checkpoint)})
     target = checkpoint_variables(tmp_path / "target")
     model = [name for name in source if name.startswith("mlp/") and "Momentum" not in name]
     assert model
