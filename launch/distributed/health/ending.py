@@ -27,11 +27,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import tensorflow as tf
 
 from launch.distributed.cluster import Task
+from launch.distributed.cluster.peers import accepts
 from launch.errors import Diverged
 from launch.runtime.hooks import DataEndHook
 
@@ -39,6 +41,7 @@ V1 = tf.compat.v1
 
 QUEUE_CAPACITY = 1024  # far more than tokens ever sent; a full queue would block a worker
 REPORT_TIMEOUT_MS = 10_000  # a ps that has gone cannot be told; it has stopped anyway
+SESSION_TIMEOUT_MS = 5_000  # opening or closing a session of a ps's own server (ms on a live one)
 
 
 def shared_queue(name: str, device: str) -> tf.queue.FIFOQueue:
@@ -151,7 +154,7 @@ def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None
         pass
 
 
-def tell_final_step(task: Task, master: str, config: V1.ConfigProto, step: int) -> None:
+def tell_final_step(task: Task, step: int) -> None:
     """The chief, its final checkpoint written: the job's last step, for every other
     worker's result. A ps that is gone cannot pass it on; they keep the step they saw."""
     if task.num_workers < 2:
@@ -160,38 +163,65 @@ def tell_final_step(task: Task, master: str, config: V1.ConfigProto, step: int) 
     with graph.as_default():
         tell = final_step_queue().enqueue_many(tf.fill([task.num_workers - 1], step))
     try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            sess.run(tell, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+        _run_on_ps(task, 0, graph, tell, REPORT_TIMEOUT_MS)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         pass
 
 
-def final_step(master: str, config: V1.ConfigProto, wait_secs: float) -> int | None:
+def final_step(task: Task, wait_secs: float) -> int | None:
     """A worker other than the chief: the step of the chief's final checkpoint, waiting
     for it at most wait_secs; None when it did not come (the chief failed, or ps 0 is
-    gone)."""
+    gone). Asked in one-second slices, so a ps that leaves ends the wait at once."""
     graph = tf.Graph()
     with graph.as_default():
         take = final_step_queue().dequeue()
-    try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            return int(sess.run(take, options=V1.RunOptions(timeout_in_ms=int(wait_secs * 1000))))
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-            tf.errors.CancelledError):
-        return None
+    deadline = time.monotonic() + wait_secs
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            return int(_run_on_ps(task, 0, graph, take, int(min(left, 1.0) * 1000)))
+        except tf.errors.DeadlineExceededError:
+            continue
+        except (tf.errors.UnavailableError, tf.errors.CancelledError):
+            return None
+    return None
 
 
-def report_finished(task: Task, master: str, config: V1.ConfigProto,
-                    write: Callable[[str], None]) -> None:
-    """Tell every ps task this worker is done, from a fresh session after training's."""
-    graph = tf.Graph()
-    with graph.as_default():
-        rank = tf.constant(task.worker_rank)
-        report = tf.group(
-            *[finished_queue(k).enqueue(rank) for k in range(len(task.cluster["ps"]))]
-        )
-    try:
-        with V1.Session(master, graph=graph, config=config) as sess:
-            sess.run(report, options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+def report_finished(task: Task, write: Callable[[str], None]) -> None:
+    """Tell every ps task this worker is done, after its training session."""
+    missed = 0
+    for k in range(len(task.cluster["ps"])):
+        graph = tf.Graph()
+        with graph.as_default():
+            report = finished_queue(k).enqueue(tf.constant(task.worker_rank))
+        try:
+            _run_on_ps(task, k, graph, report, REPORT_TIMEOUT_MS)
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+            missed += 1
+    if missed:
         write("could not report finished to every ps task; one has stopped already")
+
+
+def _run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
+    """Run `fetch`, ops on ps task `ps_index` alone, through that task's own server; the
+    run waits at most wait_ms (DeadlineExceededError past it), opening and closing the
+    session at most SESSION_TIMEOUT_MS each.
+
+    Not through this worker's server: a session there first looks up every device its
+    filters name, and waits for a ps that has gone without end (TensorFlow's device
+    search has no timeout), so a worker reporting to a ps that had stopped waited until
+    its ps watch ended it, 138, after cluster.reconnect_timeout_secs. A session of the
+    ps's own server needs no other task, and every call to it is bounded.
+    """
+    address = task.cluster["ps"][ps_index]
+    if not accepts(address):  # gone: a session would wait for it until its timeouts
+        raise tf.errors.UnavailableError(None, None, f"ps {ps_index} at {address} has gone")
+    config = V1.ConfigProto(device_filters=[f"/job:ps/task:{ps_index}"],
+                            operation_timeout_in_ms=SESSION_TIMEOUT_MS)
+    sess = V1.Session(f"grpc://{address}", graph=graph, config=config)
+    try:
+        return sess.run(fetch, options=V1.RunOptions(timeout_in_ms=wait_ms))
+    finally:
+        try:
+            sess.close()
+        except tf.errors.OpError:
+            pass  # the ps has gone: it holds nothing of this session any more

@@ -1,16 +1,28 @@
 """The end of a synchronous ps/worker job's data: a worker whose step ends on the token
 queue the chief closed as it stopped has not run out of data, and waking workers on a
 queue already closed is no error (it was exit 1: 'FIFOQueue sync_token_q is closed').
-In one process, on queues of its own."""
+In one process, on queues of its own. And the reports at the end of a job (finished,
+the chief's final step) reach a ps through its own server, and give up within their
+timeout on a ps that has gone (they waited for it without end)."""
 
 import re
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers.commands import ok, run_towers
 
-from launch.distributed.health.ending import release_tokens
+from launch.distributed.cluster import Task
+from launch.distributed.health import ending
+from launch.distributed.health.ending import (
+    final_step,
+    finished_queue,
+    release_tokens,
+    report_finished,
+    tell_final_step,
+)
+from launch.distributed.local_cluster import free_ports
 from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1
@@ -57,6 +69,38 @@ def test_waking_workers_on_a_closed_token_queue_is_no_error(graph):
         sess.run(tokens.close())
         release_tokens(sess, release)  # raised CancelledError: 'is closed'
         assert sess.run(tokens.size()) == 3
+
+
+def test_the_reports_at_the_end_reach_a_ps_through_its_own_server():
+    ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))
+    spec = {"ps": (ps,), "worker": (w0, w1)}
+    server = tf.distribute.Server(tf.train.ClusterSpec({"ps": [ps], "worker": [w0, w1]}),
+                                  job_name="ps", task_index=0)  # no worker's server runs
+    chief, other = Task(spec, "worker", 0), Task(spec, "worker", 1)
+    tell_final_step(chief, 42)
+    assert final_step(other, wait_secs=5) == 42
+    written = []
+    report_finished(other, written.append)
+    graph = tf.Graph()
+    with graph.as_default():
+        take = finished_queue(0).dequeue()
+    only_ps = V1.ConfigProto(device_filters=["/job:ps/task:0"])  # the workers never started
+    with V1.Session(server.target, graph=graph, config=only_ps) as sess:
+        assert sess.run(take, options=V1.RunOptions(timeout_in_ms=5000)) == 1
+    assert written == []
+
+
+def test_the_reports_to_a_ps_that_has_gone_give_up_within_their_timeout(monkeypatch):
+    ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))  # nothing listens on them
+    spec = {"ps": (ps,), "worker": (w0, w1)}
+    monkeypatch.setattr(ending, "REPORT_TIMEOUT_MS", 500)
+    written = []
+    began = time.monotonic()
+    tell_final_step(Task(spec, "worker", 0), 42)
+    assert final_step(Task(spec, "worker", 1), wait_secs=0.5) is None
+    report_finished(Task(spec, "worker", 1), written.append)
+    assert time.monotonic() - began < 10
+    assert written == ["could not report finished to every ps task; one has stopped already"]
 
 
 @pytest.mark.e2e

@@ -106,15 +106,15 @@ class WorkerRole(Role):
         """The job's last step in every worker's result (the chief's final checkpoint's),
         then this worker's report to the ps tasks."""
         if self.is_chief:
-            tell_final_step(self._task, self.master, self._session, result["global_step"])
+            tell_final_step(self._task, result["global_step"])
         else:
             result = {**result, "global_step": self._final_step(result["global_step"])}
-        report_finished(self._task, self.master, self._session, self._write)
+        report_finished(self._task, self._write)
         return {**result, "job": self._task.job_name, "task": self._task.task_index}
 
     def _final_step(self, seen: int) -> int:
         wait = self._job.cluster.shutdown_grace_secs
-        step = final_step(self.master, self._session, wait)
+        step = final_step(self._task, wait)
         if step is None:
             self._write(f"the chief's final step did not come within {wait:g} s "
                         "(cluster.shutdown_grace_secs); the result's global_step is the last "
@@ -127,4 +127,4 @@ class WorkerRole(Role):
         sure every worker stops, and tell the ps tasks this one is done."""
         if self._end is not None and self._end.peer_diverged is None:
             tell_diverged(self._end, self.master, self._session)
-        report_finished(self._task, self.master, self._session, self._write)
+        report_finished(self._task, self._write)
