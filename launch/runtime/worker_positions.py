@@ -108,20 +108,22 @@ class OthersPartsHook(V1.train.SessionRunHook):
 
     def end(self, session) -> None:
         now = self._positions.read(session)
-        if self._stopped() or self._left(now)[self._positions.rank]:
+        left = self._left(now)
+        if self._stopped() or left[self._positions.rank]:
             return
-        if sum(self._left(now)):
+        if sum(left):
             self._on_wait()
-            self._write(f"{sum(self._left(now))} part(s) of the data's passes left to the "
-                        "other workers: waiting for them")
+            self._write(f"{sum(left)} part(s) of the data's passes left to the other "
+                        "workers: waiting for them")
         moved = time.monotonic()
-        while sum(self._left(now)) and not self._stopped():
+        while sum(left) and not self._stopped():
             if time.monotonic() - moved > self._wait_secs:
                 self._write(f"the workers' positions stood still for {self._wait_secs:g} s "
-                            f"with {sum(self._left(now))} part(s) left: saving without them "
+                            f"with {sum(left)} part(s) left: saving without them "
                             "(a resume trains them)")
                 return
             time.sleep(POLL_SECS)
             before, now = now, self._positions.read(session)
+            left = self._left(now)
             if now != before:
                 moved = time.monotonic()

@@ -5,6 +5,7 @@ configurations with one clear line."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.sessions import without_rewriting
 
 import models
 from models import layers
@@ -48,11 +49,9 @@ def _ctx(is_training: bool, num_examples=None) -> TowerContext:
 
 
 def _session(graph: tf.Graph) -> v1.Session:
-    """A session without graph rewriting: on these small graphs Grappler's passes take
-    longer than the steps they would speed up (the product's sessions keep them)."""
-    config = v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)
-    config.graph_options.rewrite_options.disable_meta_optimizer = True
-    return v1.Session(graph=graph, config=config)
+    """A session without graph rewriting (small graphs, few steps)."""
+    return v1.Session(graph=graph, config=without_rewriting(
+        v1.ConfigProto(intra_op_parallelism_threads=2, inter_op_parallelism_threads=2)))
 
 
 def _data(model: models.Model, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

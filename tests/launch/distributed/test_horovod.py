@@ -1,6 +1,5 @@
 """The Horovod backend: real `horovodrun` with Gloo on localhost, against one process."""
 
-import functools
 import glob
 import os
 import re
@@ -14,6 +13,7 @@ import pytest
 import tensorflow as tf
 from helpers.checkpoints import checkpoint_variables
 from helpers.commands import ROOT, environment, last_json, ok, run_in_process
+from helpers.horovod import needs_horovod
 from helpers.scraper import Scraper, unclaimable_ports
 
 from launch.config import ConfigError, from_dict
@@ -21,26 +21,6 @@ from launch.distributed.arrangements.horovod import Rank, rank_job
 
 HOROVODRUN = shutil.which("horovodrun")
 
-
-class _HorovodMissing:
-    """True where horovod cannot run. Asked when the first test needing it is set up
-    (pytest evaluates a skipif condition then), not at import: the probe starts a Python
-    that imports TensorFlow, about 3 s, and every test worker imports this module to
-    collect its tests, e2e or not."""
-
-    @functools.cached_property
-    def missing(self) -> bool:
-        if HOROVODRUN is None:
-            return True
-        probe = [sys.executable, "-c", "import horovod.tensorflow"]
-        return subprocess.run(probe, capture_output=True, env=environment()).returncode != 0
-
-    def __bool__(self) -> bool:
-        return self.missing
-
-
-needs_horovod = pytest.mark.skipif(
-    _HorovodMissing(), reason="horovod is not installed (`make horovod` builds it)")
 
 MLP = ["--set", "model.name=mlp", "--set", "model.hidden_units=[32]",
        "--set", "optimizer.name=momentum", "--set", "optimizer.learning_rate=0.05",

@@ -15,8 +15,9 @@ import time
 import urllib.request
 
 import pytest
+from helpers.horovod import needs_horovod
 from helpers.stragglers import FAST_INPUT, SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
-from test_horovod import needs_horovod, rank_results, start_horovodrun
+from test_horovod import rank_results, start_horovodrun
 
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "helpers")
 

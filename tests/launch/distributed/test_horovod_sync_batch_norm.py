@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from helpers.checkpoints import checkpoint_variables
 from helpers.commands import ok, run_in_process
-from test_horovod import horovodrun, needs_horovod, rank_results
+from helpers.horovod import needs_horovod
+from test_horovod import horovodrun, rank_results
 
 RESNET = ["--set", "model.name=resnet20", "--set", "model.image_size=8",
           "--set", "model.base_filters=4", "--set", "model.num_classes=3",

@@ -22,7 +22,7 @@ from launch.distributed.health.ending import (
     report_finished,
     tell_final_step,
 )
-from launch.distributed.local_cluster import free_ports
+from launch.distributed.ports import free_ports
 from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1

@@ -14,11 +14,8 @@ other commands through their main() in this process meanwhile, and a fresh proce
 serves the exports.
 """
 
-import glob
-import importlib.util
 import os
 import runpy
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +24,7 @@ import numpy as np
 import pytest
 from helpers.commands import ROOT, environment, last_json, ok, run_in_process, run_towers
 from helpers.doc_pages import snippet as docs_snippet
+from helpers.horovod import missing
 from helpers.job_rates import check_job_rate
 
 # One fixture runs everything; on a machine other test runs share it can take longer
@@ -42,18 +40,6 @@ CLUSTER_STEPS = 10
 # Enough for the ps/worker job's rates to be compared within 5% (a timed span of about
 # 3 s; the workers' spans start and end apart by a step or two).
 RATE_STEPS = 300
-
-
-def _horovod_ready() -> bool:
-    """horovodrun on the PATH and Horovod built with its TensorFlow ops (their library
-    beside horovod/tensorflow/__init__.py): looked up, not imported, which would take a
-    process of its own seconds of TensorFlow start-up. A build that is there but does
-    not load fails the test, with horovodrun's own message, instead of skipping it."""
-    spec = importlib.util.find_spec("horovod")
-    if shutil.which("horovodrun") is None or spec is None or spec.origin is None:
-        return False
-    ops = os.path.join(os.path.dirname(spec.origin), "tensorflow", "mpi_lib*.so")
-    return bool(glob.glob(ops))
 
 
 def towers_run(*args: str) -> subprocess.CompletedProcess:
@@ -124,7 +110,7 @@ def cluster_run(kind: str, data: str, base: str, how: str) -> subprocess.Complet
     args = cluster_args(kind, data, base, how)
     if how == "local-cluster":
         return towers_run("local-cluster", "--ps", "1", "--workers", "2", *args)
-    if _horovod_ready():
+    if missing() is None:
         return horovodrun("train", *args, "--backend", "horovod")
     return None
 
