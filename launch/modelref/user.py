@@ -167,6 +167,10 @@ def _mixed_types_hint(err: Exception, ctx: towers.TowerContext) -> str:
         return ""
     if compute not in str(err) or "float32" not in str(err):
         return ""
+    if compute == "float64":
+        return (" (towers verify computes in float64: a value the model makes float32 "
+                "itself, such as tf.constant(..., tf.float32), meets float64 ones; make it "
+                "in ctx.compute_dtype)")
     return (f" (the towers compute in {compute}: compute the loss in float32, casting the "
             f"logits, as regularization penalties and the built-in layers' losses are)")
 
