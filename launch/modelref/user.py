@@ -161,11 +161,17 @@ class UserModelFn:
 
 def _mixed_types_hint(err: Exception, ctx: towers.TowerContext) -> str:
     """What to do when a 16-bit value met a float32 one (a loss plus get_variable's
-    float32 regularization penalties, say), or "" for any other error."""
+    float32 regularization penalties, say), a float64 variable the model made met the
+    float32 features, or towers verify's float64 met a float32 value the model made;
+    "" for any other error."""
     compute = ctx.compute_dtype.name
-    if compute == "float32" or not isinstance(err, TypeError | ValueError):
+    if not isinstance(err, TypeError | ValueError):
         return ""
-    if compute not in str(err) or "float32" not in str(err):
+    if compute == "float32" and "float64" in str(err) and "float32" in str(err):
+        return (" (towers feeds float features as float32, towers.precision's type, "
+                "whatever the data holds: make the model's variables float32, or give them "
+                "no dtype)")
+    if compute == "float32" or compute not in str(err) or "float32" not in str(err):
         return ""
     if compute == "float64":
         return (" (towers verify computes in float64: a value the model makes float32 "
