@@ -10,6 +10,9 @@ from launch.runtime.plan import Plan, make_plan
 from launch.verify import compare
 from launch.verify.runs import Run, on_towers, one_device, read_batches, reordered
 
+# Rounding grown past this share of the values (compare.rounding_growth) is noted.
+CHAOTIC = 1e-6
+
 
 class NoiseLeft(BadInput):
     """The model draws random numbers verify cannot set to rate 0."""
@@ -44,8 +47,9 @@ def verify(job: JobConfig, steps: int, rtol: float, floor_factor: float,
                          floor_factor)
     what = f"{_count(plan)} against one device after {steps} step{'s' * (steps != 1)}"
     passed, line = compare.verdict(found, what, sorted(set(got.values) - set(want.values)))
+    growth = compare.rounding_growth(found)
     if not passed:
-        line += _hints(job, plan)
+        line += _hints(job, plan, growth)
     header = [
         f"# towers verify: {_towers(job, plan)}, against one device ({ref_plan.devices[0]}): "
         f"{steps} steps of {job.train.batch_size} examples, in float64",
@@ -56,6 +60,11 @@ def verify(job: JobConfig, steps: int, rtol: float, floor_factor: float,
     if reference.silenced:
         silenced = ", ".join(f"{kind} ({n})" for kind, n in sorted(reference.silenced.items()))
         header.append(f"# at rate 0 while verifying: {silenced}")
+    if growth > CHAOTIC:
+        header.append(f"# note: rounding alone moved half the variables by more than "
+                      f"{growth:.0e} of their size in {steps} steps: these steps amplify "
+                      f"rounding, so the comparison shows little; fewer --steps, a larger "
+                      f"train.batch_size or a lower learning rate make it sharper")
     still = compare.unmoved(found)
     if still:
         header.append(f"# unchanged by the steps (their agreement shows nothing): "
@@ -98,10 +107,15 @@ def _check_no_noise_left(draws: list[str]) -> None:
             f"parameter and verify at 0 (--set model.<parameter>=0)")
 
 
-def _hints(job: JobConfig, plan: Plan) -> str:
-    """What makes towers differ from one device by design, where it may apply."""
+def _hints(job: JobConfig, plan: Plan, growth: float) -> str:
+    """What makes towers differ from one device by design, where it may apply, and a
+    comparison too chaotic to tell."""
     hints = []
     if len(plan.devices) > 1 and job.towers.batch_norm == "local":
-        hints.append("towers.batch_norm is local: a batch norm normalizes by each tower's "
-                     "shard, one device by the whole batch; --set towers.batch_norm=sync")
-    return f" (if the model has batch norm: {'; '.join(hints)})" if hints else ""
+        hints.append("if the model has batch norm: towers.batch_norm is local, so it "
+                     "normalizes by each tower's shard, one device by the whole batch; "
+                     "--set towers.batch_norm=sync")
+    if growth > CHAOTIC:
+        hints.append(f"rounding alone grew to {growth:.0e} of the values in these steps, "
+                     f"so a few noise floors are rounding too: fewer --steps")
+    return f" ({'; '.join(hints)})" if hints else ""

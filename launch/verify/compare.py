@@ -94,6 +94,16 @@ def table(found: list[Row]) -> list[str]:
     return lines
 
 
+def rounding_growth(found: list[Row]) -> float:
+    """How far rounding alone moved the model's variables in the steps: the median over
+    the variables the steps moved of noise floor / largest |value|. A float64 step
+    rounds to about 1e-16 of a value; a model whose steps amplify that to 1e-6 and more
+    (batch norms over very few examples, a high learning rate) is chaotic over these
+    steps, and a comparison of its runs shows little."""
+    shares = sorted(r.floor / r.scale for r in found if r.moved and r.scale)
+    return shares[len(shares) // 2] if shares else 0.0
+
+
 def unmoved(found: list[Row]) -> list[str]:
     """The variables one device's steps left as they began: their agreement shows nothing."""
     return [r.name for r in found if r.moved == 0]

@@ -58,10 +58,18 @@ def reordered(batches: Sequence[Batch], micro_batches: int = 1, seed: int = 1) -
     for x, y in batches:
         order, start = [], 0
         for size in towers.shard_sizes(len(x), micro_batches):
-            order.extend(start + rng.permutation(size))
+            order.extend(start + _moved(rng, size))
             start += size
         out.append((x[order], y[order]))
     return out
+
+
+def _moved(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A random order of range(size) other than the identity (when there is another)."""
+    while True:
+        order = rng.permutation(size)
+        if size < 2 or (order != np.arange(size)).any():
+            return order
 
 
 class Trained(NamedTuple):

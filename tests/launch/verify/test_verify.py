@@ -11,6 +11,7 @@ cannot set to rate 0 stops it, named.
 import os
 import re
 
+import numpy as np
 import pytest
 from helpers.commands import run_in_process
 
@@ -54,6 +55,7 @@ def test_a_model_that_trains_as_one_device_passes_in_every_way_a_job_splits_its_
         assert tolerance == pytest.approx(max(1e-9 * scale, 10 * floor), rel=0.01), name
         assert difference <= tolerance, name
     assert "unchanged by the steps" not in result.stdout
+    assert any(floor > 0 for *_, floor, _ in rows.values()), "no reordering changed a thing"
 
 
 def test_a_tower_dependent_term_fails_naming_the_variable_it_reaches():
@@ -94,3 +96,20 @@ def test_bad_options_are_one_line(option, message):
     result = run_in_process("verify", *option)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"towers: error: <built-in job>: {message}"]
+
+
+def test_the_tolerance_is_the_larger_of_the_relative_term_and_the_floors():
+    from launch.verify import compare
+
+    start = {"a": np.zeros(2), "b": np.zeros(2), "c": np.zeros(2)}
+    one = {"a": np.array([1.0, -2.0]), "b": np.array([1e-3, 0.0]), "c": np.array([0.5, 0.5])}
+    floor = {"a": one["a"] + 1e-9, "b": one["b"] + 1e-17, "c": one["c"] + 1e-3}
+    towers = {"a": one["a"] + 5e-9, "b": one["b"] + 5e-12, "c": one["c"] + 5e-3}
+    rows = {r.name: r for r in compare.rows(start, one, towers, {}, floor)}
+    assert rows["a"].tolerance == pytest.approx(1e-8) and rows["a"].ok  # 10 floors
+    assert rows["b"].tolerance == pytest.approx(1e-12) and not rows["b"].ok  # 1e-9 x 1e-3
+    assert rows["c"].tolerance == pytest.approx(1e-2) and rows["c"].ok
+    passed, line = compare.verdict(list(rows.values()), "2 towers against one device")
+    assert not passed and line.startswith("fail: 2 towers against one device: b differs by ")
+    # The median of floor / max|w|: 5e-10 (a), 1e-14 (b), 2e-3 (c).
+    assert compare.rounding_growth(list(rows.values())) == pytest.approx(5e-10)
