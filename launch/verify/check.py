@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from launch.config import JobConfig
@@ -50,26 +51,42 @@ def verify(job: JobConfig, steps: int, rtol: float, floor_factor: float,
     growth = compare.rounding_growth(found)
     if not passed:
         line += _hints(job, plan, growth)
-    header = [
-        f"# towers verify: {_towers(job, plan)}, against one device ({ref_plan.devices[0]}): "
+    header = _header(job, plan, steps, rtol, floor_factor)
+    return passed, [*header, *_notes_on(found, reference.silenced, growth, steps),
+                    *compare.table(found), line]
+
+
+def _header(job: JobConfig, plan: Plan, steps: int, rtol: float,
+            floor_factor: float) -> list[str]:
+    """What was compared, the floor and the tolerance, as comment lines."""
+    within = " (within its micro-batches)" if job.train.accumulate_steps > 1 else ""
+    return [
+        f"# towers verify: {_towers(job, plan)}, against one device ({plan.devices[0]}): "
         f"{steps} steps of {job.train.batch_size} examples, in float64",
-        "# noise floor: one device on the same batches, each batch's examples reordered"
-        + (" (within its micro-batches)" if job.train.accumulate_steps > 1 else ""),
+        f"# noise floor: one device on the same batches, each batch's examples reordered"
+        f"{within}",
         f"# tolerance: max({rtol:g} x max|w|, {floor_factor:g} x noise floor), per variable",
     ]
-    if reference.silenced:
-        silenced = ", ".join(f"{kind} ({n})" for kind, n in sorted(reference.silenced.items()))
-        header.append(f"# at rate 0 while verifying: {silenced}")
+
+
+def _notes_on(found: list[compare.Row], silenced: Counter, growth: float,
+              steps: int) -> list[str]:
+    """Comment lines on what the comparison can show: the noise set to rate 0, rounding
+    the steps amplify, the variables the steps left as they were."""
+    notes = []
+    if silenced:
+        kinds = ", ".join(f"{kind} ({n})" for kind, n in sorted(silenced.items()))
+        notes.append(f"# at rate 0 while verifying: {kinds}")
     if growth > CHAOTIC:
-        header.append(f"# note: rounding alone moved half the variables by more than "
-                      f"{growth:.0e} of their size in {steps} steps: these steps amplify "
-                      f"rounding, so the comparison shows little; fewer --steps, a larger "
-                      f"train.batch_size or a lower learning rate make it sharper")
+        notes.append(f"# note: rounding alone moved half the variables by more than "
+                     f"{growth:.0e} of their size in {steps} steps: these steps amplify "
+                     f"rounding, so the comparison shows little; fewer --steps, a larger "
+                     f"train.batch_size or a lower learning rate make it sharper")
     still = compare.unmoved(found)
     if still:
-        header.append(f"# unchanged by the steps (their agreement shows nothing): "
-                      f"{', '.join(still)}")
-    return passed, [*header, *compare.table(found), line]
+        notes.append(f"# unchanged by the steps (their agreement shows nothing): "
+                     f"{', '.join(still)}")
+    return notes
 
 
 def _count(plan: Plan) -> str:
