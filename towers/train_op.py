@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from towers import averages as averages_lib
 from towers import batch_stats
 from towers import nonfinite as nonfinite_lib
 from towers import precision as precision_lib
@@ -24,9 +25,10 @@ from towers.variable_update import VariableUpdate, resolve_variable_update
 class TrainOps(NamedTuple):
     """What the caller runs and watches.
 
-    train_op: one step: the update, the global-step increment and tower 0's state
-        updates (batch-norm moving statistics: UPDATE_OPS, and Keras layers' own,
-        towers.state_updates).
+    train_op: one step: the update, the global-step increment and the step's state
+        updates, which see the weights before the update (towers.state_updates: tower
+        0's batch-norm moving statistics, whatever else its model function added to
+        UPDATE_OPS or left for nothing to run, and the weight averages).
     loss: scalar, the example-weighted mean loss over the global batch.
     metrics: scalars, each the example-weighted mean of the towers' metric.
     global_step: the int64 step variable.
@@ -94,6 +96,7 @@ def build_train_op(
     batch_norm: str = "local",
     positions: tf.Tensor | None = None,
     seed: int = 0,
+    moving_average_decay: float | None = None,
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -128,12 +131,16 @@ def build_train_op(
         processes given their part of a global batch with its positions, draw what one
         device draws for the whole batch. None: the model draws as it likes.
     seed: the seed of those draws.
+    moving_average_decay: keep an exponential moving average of each trainable variable
+        with this decay, beside it and in checkpoints (towers.averages; restore a model
+        from them with towers.average_names); None: none.
     """
     devices = _check_devices(devices)
     _check_optimizer(optimizer)
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     nonfinite_lib.check_policy(nonfinite)
+    averages_lib.check_decay(moving_average_decay)
     device_checks(devices)
     policy = precision_lib.resolve(precision)
     mode = resolve_variable_update(variable_update, param_device, devices)
@@ -158,10 +165,15 @@ def build_train_op(
     # batch statistics estimate the same population, so one tower's suffice, and
     # N towers assigning to one variable in the same step would race, costing
     # N-1 cross-device copies for nothing (as in tf_cnn_benchmarks).
+    updates = list(towers[0].state_updates)
+    if moving_average_decay is not None:
+        with tf.name_scope("weight_averages"):
+            updates += averages_lib.averaging(moving_average_decay, towers[0].trainable,
+                                              global_step)
     guarded = nonfinite_lib.guarded_update(
         nonfinite,
         lambda checked: mode.apply(optimizer, checked, global_step, towers),
-        pairs, towers[0].state_updates, loss, norm, global_step, scaler,
+        pairs, updates, loss, norm, global_step, scaler,
     )
     train_op = guarded.train_op
     if every_step:
