@@ -161,6 +161,8 @@ def _compute_text(job: JobConfig, plan: Plan) -> str:
         parts.append("XLA")
     if job.towers.batch_norm == "sync":
         parts.append("batch norm synchronized over the global batch")
+    if job.train.moving_average_decay is not None:
+        parts.append(f"weight averages (decay {job.train.moving_average_decay:g})")
     steps = job.train.accumulate_steps
     if steps > 1:
         parts.append(f"{steps} micro-batches of {plan.process_batch_size // steps} examples "

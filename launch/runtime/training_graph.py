@@ -85,7 +85,11 @@ def build_training_graph(
                                 *state.variables.values(),
                                 *V1.get_collection(checkpoints.RESTORED_APART))}
         model_vars = [v for v in V1.global_variables() if id(v) not in kept]
-        checkpoints.warm_start(job.train.warm_start, model_vars, write)
+        # A weight average the checkpoint lacks starts from its weight's value there.
+        averaged = {name: w.op.name
+                    for name, w in towers.average_names(V1.trainable_variables()).items()
+                    } if job.train.moving_average_decay else None
+        checkpoints.warm_start(job.train.warm_start, model_vars, write, averaged)
     saving = dict(max_to_keep=job.train.max_to_keep,
                   keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
                   save_relative_paths=True)
@@ -124,6 +128,7 @@ def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
         batch_norm=job.towers.batch_norm,
         positions=feed.positions,  # each example's dropout drawn from (seed, position)
         seed=job.train.seed,
+        moving_average_decay=job.train.moving_average_decay,
     )
 
 
