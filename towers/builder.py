@@ -63,8 +63,8 @@ def build_towers(
         previous one's gradients).
     batch_sums: the sums across these towers for synchronized batch norm: Keras'
         BatchNormalization(synchronized=True) uses them, and with every_batch_norm
-        each tower's context carries them (TowerContext.batch_sum); None: one tower
-        and process, nothing to synchronize.
+        every Keras BatchNormalization does and each tower's context carries them
+        (TowerContext.batch_sum); None: one tower and process, nothing to synchronize.
     made: the variables made without get_variable in an earlier build of the same
         towers (a later micro-batch), handed out again; None: a new build.
     seed: the seed of the examples' own random draws (TowerContext.draws), for shards
@@ -75,12 +75,13 @@ def build_towers(
         raise ValueError(f"{len(shards)} shards for {len(devices)} devices")
     variables = TowerVariables(sharing, made, reuse_existing)
     towers: list[Tower] = []
+    every_batch_norm = bool(batch_sums and batch_sums.every_batch_norm)
     for i, (shard, device) in enumerate(zip(shards, devices, strict=True)):
         tower_sum = batch_sums.for_tower(i) if batch_sums else None
         draws = None if shard.positions is None else ExampleDraws(shard.positions, seed)
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
                            precision.compute_dtype,
-                           tower_sum if batch_sums and batch_sums.every_batch_norm else None,
+                           tower_sum if every_batch_norm else None,
                            draws)
         graph = tf.compat.v1.get_default_graph()
         outer = graph.get_name_scope()
@@ -95,7 +96,7 @@ def build_towers(
             tf.control_dependencies(after[i] if after else []),
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
-            keras_sync.synchronized_moments(tower_sum),
+            keras_sync.synchronized_moments(tower_sum, every=every_batch_norm),
             keras_random.tower_seeds(i, shard.positions),
         ):
             features = precision.cast_features(shard.features)

@@ -50,6 +50,10 @@ class TrainOps(NamedTuple):
         and metrics over its own shard, its predictions), float32, one per tower in
         the order of their shards in the global batch: tower i at i; with
         accumulate_steps k, micro-batch m's tower i at m * N + i.
+    synchronized_statistics: how many batch norms of a tower computed their statistics
+        across the towers (and processes) in a step's micro-batch; 0 where nothing
+        was synchronized (a single tower of a single process normalizes by its whole
+        batch with none).
     """
 
     train_op: tf.Operation
@@ -63,6 +67,7 @@ class TrainOps(NamedTuple):
     loss_scale: tf.Tensor | None = None
     overflow: tf.Tensor | None = None
     tower_outputs: tuple[TowerOutputs, ...] = ()
+    synchronized_statistics: int = 0
 
 
 class EvalOps(NamedTuple):
@@ -183,7 +188,7 @@ def build_train_op(
     return TrainOps(train_op, loss, metrics, global_step, norm, sync_op,
                     _init_op(mode, towers, optimizer), guarded.applied,
                     scaler.value if scaler else None, guarded.overflow,
-                    tuple(t.outputs for t in step.built))
+                    tuple(t.outputs for t in step.built), sums[0].statistics if sums else 0)
 
 
 def build_eval_ops(
@@ -240,8 +245,8 @@ def _warn_unsynchronized(batch_norm: str, sums: list[CrossTowerSums]) -> None:
         warnings.warn(
             "batch_norm='sync': the model computed no statistic across the towers, so its "
             "batch norms, if any, normalize by each tower's own shard; compute their "
-            "moments with ctx.batch_moments (or use Keras' "
-            "BatchNormalization(synchronized=True)), or pass batch_norm='local'",
+            "moments with ctx.batch_moments (Keras' BatchNormalization layers are "
+            "synchronized already), or pass batch_norm='local'",
             UserWarning, stacklevel=3)
 
 
