@@ -4,6 +4,7 @@ compute on the tower's device, its variables handed out by towers.sharing."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -88,6 +89,8 @@ def build_towers(
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
         first_op = len(graph.get_operations())
         with (
+            model_checks.own_placements() if i == 0 and not reuse_existing
+            else contextlib.nullcontext() as placed,
             variables.variable_scope(i, precision, name_scope),
             tf.compat.v1.name_scope(f"tower_{i}") as scope,
             tf.compat.v1.device(tower_device_fn(device, sharing.device(device))),
@@ -103,6 +106,8 @@ def build_towers(
             outputs = precision.cast_outputs(
                 as_tower_outputs(model_fn(features, shard.labels, ctx)))
         _check_scalar(outputs, i)
+        if placed:  # noted in a new build's tower 0 only: one warning, not one per tower
+            warnings.warn(model_checks.placement_warning(placed), UserWarning, stacklevel=4)
         made_ops = graph.get_operations()[first_op:]
         trainable = variables.trainable(i)
         if is_training and i == 0 and not reuse_existing:
