@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.data_files import write_four_class_npz
 
 import towers
 from launch.config import ConfigError, from_dict, load_job
@@ -55,10 +56,7 @@ model_fn.input_spec = {"feature_shape": (16,), "num_classes": 4}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     work = tmp_path_factory.mktemp("averages")
-    rng = np.random.default_rng(0)
-    features = rng.normal(size=(96, 16)).astype(np.float32)
-    labels = (features[:, 0] > 0).astype(np.int64) + 2 * (features[:, 1] > 0)
-    np.savez(work / "d.npz", features=features, labels=labels)
+    write_four_class_npz(work / "d.npz")
     (work / "tutorial_style.py").write_text(textwrap.dedent(TUTORIAL_STYLE))
     return work
 
