@@ -99,7 +99,7 @@ def own_placements() -> Iterator[list[str]]:
     noted: list[str] = []
     originals = [(tf, "device", tf.device), (tf.compat.v1, "device", tf.compat.v1.device)]
 
-    def noting(module, original):
+    def noting(original):
         def device(device_name_or_function):
             caller = sys._getframe(1).f_code.co_filename  # noqa: SLF001 (who placed)
             if not caller.startswith(_LIBRARIES):
@@ -110,7 +110,7 @@ def own_placements() -> Iterator[list[str]]:
         return device
 
     for module, name, original in originals:
-        setattr(module, name, noting(module, original))
+        setattr(module, name, noting(original))
     try:
         yield noted
     finally:
