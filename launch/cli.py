@@ -149,6 +149,12 @@ def _eval_parser(commands) -> None:
         "data's order (one checkpoint)",
     )
     evaluate.add_argument(
+        "--averages",
+        action="store_true",
+        help="score the weight averages a job with train.moving_average_decay keeps, "
+        "instead of the weights",
+    )
+    evaluate.add_argument(
         "--timeout",
         type=float,
         metavar="SECS",
@@ -184,6 +190,9 @@ def _export_parser(commands) -> None:
                         help="the SavedModel directory to write (must not exist)")
     export.add_argument("--checkpoint", metavar="PATH",
                         help="checkpoint prefix or directory (default: train.checkpoint_dir)")
+    export.add_argument("--averages", action="store_true",
+                        help="serve the weight averages a job with "
+                        "train.moving_average_decay keeps, instead of the weights")
 
 
 def _data_parser(commands) -> None:
@@ -240,7 +249,7 @@ def _eval(args, job) -> int:
         raise BadInput("--predictions: scores one checkpoint; leave out --watch")
     with _serving(job, "eval") as exporter:
         _print_json(evaluate(job, args.checkpoint, args.watch, args.timeout, exporter=exporter,
-                             predictions=args.predictions))
+                             predictions=args.predictions, averages=args.averages))
     return EXIT_OK
 
 
@@ -281,7 +290,7 @@ def _validate(args, job) -> int:
 def _export(args, job) -> int:
     from launch.runtime.export import export
 
-    _print_json(export(job, args.out, args.checkpoint))
+    _print_json(export(job, args.out, args.checkpoint, averages=args.averages))
     return EXIT_OK
 
 

@@ -35,6 +35,7 @@ EPILOG_EVAL = """examples:
   towers eval -c job.yaml --watch                 # each new checkpoint, until train.steps
   towers eval -c job.yaml --predictions preds.npy # also the predictions, in data order
   towers eval -c job.yaml --set eval.steps=10     # at most 10 batches of eval.batch_size
+  towers eval -c job.yaml --averages              # the weight averages (moving_average_decay)
 
 An evaluation scores every example of data.eval_path (else data.path) once, in
 batches of eval.batch_size, the last one partial; loss and metrics are means over
@@ -72,6 +73,7 @@ line on stdout is one JSON object describing what was written.
 examples:
   towers export -c job.yaml --out runs/served/1
   towers export -c job.yaml --out /tmp/model --checkpoint runs/convnet/model.ckpt-2000
+  towers export -c job.yaml --out runs/served/2 --averages   # serve the weight averages
   python -c "import tensorflow as tf; m = tf.saved_model.load('runs/served/1'); \
 print(m.signatures['serving_default'])"
 """

@@ -6,6 +6,7 @@ Pure graph construction: no sessions, files, flags or servers in this package.
 This module is the package's whole public surface; callers import nothing deeper.
 """
 
+from towers.averages import AVERAGE_NAME, average_names
 from towers.batch_stats import BATCH_NORMS, CrossTowerSums
 from towers.batch_stats import moments as batch_moments
 from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
@@ -34,6 +35,7 @@ from towers.variable_update import (
 
 __all__ = [
     "ALL_REDUCE",
+    "AVERAGE_NAME",
     "BATCH_NORMS",
     "FLOAT64",
     "GRADIENT_DTYPES",
@@ -63,6 +65,7 @@ __all__ = [
     "VariableUpdate",
     "all_reduce_method",
     "as_tower_outputs",
+    "average_names",
     "batch_moments",
     "batch_shortfall",
     "broadcast_variables",

@@ -91,6 +91,11 @@ class CrossTowerSums:
         """Whether any tower has combined a statistic across the towers."""
         return any(self._calls)
 
+    @property
+    def statistics(self) -> int:
+        """How many statistics (batch norms) tower 0 has combined across the towers."""
+        return self._calls[0]
+
     def for_tower(self, index: int) -> TowerSums:
         """What tower `index` calls; its k-th call meets every tower's k-th."""
         return TowerSums(self, index)

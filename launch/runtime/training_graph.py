@@ -87,7 +87,11 @@ def build_training_graph(
                                 *state.variables.values(),
                                 *V1.get_collection(checkpoints.RESTORED_APART))}
         model_vars = [v for v in V1.global_variables() if id(v) not in kept]
-        checkpoints.warm_start(job.train.warm_start, model_vars, write)
+        # A weight average the checkpoint lacks starts from its weight's value there.
+        averaged = {name: w.op.name
+                    for name, w in towers.average_names(V1.trainable_variables()).items()
+                    } if job.train.moving_average_decay else None
+        checkpoints.warm_start(job.train.warm_start, model_vars, write, averaged)
     saving = dict(max_to_keep=job.train.max_to_keep,
                   keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
                   save_relative_paths=True)
@@ -131,6 +135,7 @@ def build_step(job: JobConfig, plan: Plan, features: towers.Features, labels: tf
         batch_norm=job.towers.batch_norm,
         positions=positions,
         seed=job.train.seed,
+        moving_average_decay=job.train.moving_average_decay,
     )
 
 
