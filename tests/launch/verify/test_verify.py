@@ -5,7 +5,9 @@ tolerance, in every way a job splits its step (replicated copies, micro-batches,
 synchronized batch norm on an uneven batch); one made wrong on purpose (its weight
 decay counted once per tower) fails with exit 6 and the verdict naming the variable
 the mistake reaches; Keras' Dropout runs at rate 0 and says so; a random draw verify
-cannot set to rate 0 stops it, named.
+cannot set to rate 0 stops it, named, and so does a float32 value the model makes
+itself (float64 features meet it). The tolerance rule and the measure of rounding's
+growth are checked on given values.
 """
 
 import os
@@ -86,6 +88,13 @@ def test_a_random_draw_it_cannot_set_to_rate_zero_stops_it_named():
     assert "random draws verify cannot set to rate 0 (tower_0/random_uniform/RandomUniform)" \
         in result.stderr
     assert result.stdout == ""
+
+
+def test_a_float32_value_of_the_models_own_is_named_as_what_float64_cannot_run():
+    result = verify("float32_constant")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "towers verify computes in float64: a value the model makes float32 itself" \
+        in result.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize("option, message", [

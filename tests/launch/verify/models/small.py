@@ -60,6 +60,11 @@ def stochastic_depth(x, y, ctx):
     return _loss(_dense(x + keep * tf.tanh(h), 3, "dense2"), y)
 
 
+def float32_constant(x, y, ctx):
+    """A float32 value of the model's own, which float64 features meet."""
+    return _loss(_dense(x * tf.constant(2.0, tf.float32), 3, "dense1"), y)
+
+
 def keras_with_dropout():
     net = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dropout(0.5),
                             keras.layers.Dense(3)])
@@ -68,5 +73,6 @@ def keras_with_dropout():
     return net
 
 
-for _model in (model_fn, tower_dependent, stochastic_depth, keras_with_dropout):
+for _model in (model_fn, tower_dependent, stochastic_depth, float32_constant,
+               keras_with_dropout):
     _model.input_spec = INPUT
