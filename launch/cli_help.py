@@ -210,3 +210,26 @@ examples:
   towers tune -c job.yaml --budget 1200 --allow-precision --out fast.yaml
   towers train -c job.tuned.yaml
 """
+
+EPILOG_VERIFY = """Trains the job's model for --steps steps on its first batches three times, in
+float64, from the same initial values: on one device (the whole batch at once), on
+one device again with each batch's examples reordered (the noise floor: what
+rounding alone does), and on the job's towers (towers.devices, variable_update,
+batch_norm, train.accumulate_steps) in this process. Dropout and other noise layers
+run at rate 0. Prints each variable's largest difference between the towers and one
+device beside its noise floor and tolerance, then one line: pass (exit 0) or fail
+(exit 6), naming the worst variable. Nothing is written.
+
+examples:
+  towers verify -c job.yaml                     # the job's towers, 5 steps
+  towers verify -c job.yaml --steps 20
+  towers verify -c job.yaml --set towers.devices=4 --set towers.batch_norm=sync
+  towers verify -c job.yaml --set train.batch_size=16   # smaller, faster
+  towers verify -c job.yaml --rtol 1e-8 --floor-factor 100
+
+A variable passes within max(rtol x its largest |value|, floor-factor x its noise
+floor). In float32 a correct job differs from one device by rounding alone, which
+deep models grow to 1e-4 and more in a few steps: float64 takes that out of the way
+(docs/model.md, "Check your port"). A job of several processes is checked as one
+process's towers.
+"""

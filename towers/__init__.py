@@ -19,7 +19,7 @@ from towers.packing import pack_groups, packed
 from towers.phases import PHASES as STEP_PHASES
 from towers.phases import step_phase
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
-from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
+from towers.precision import FLOAT64, GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
 from towers.split import batch_shortfall, shard_sizes, split_batch
 from towers.train_op import EvalOps, TrainOps, build_eval_ops, build_train_op
@@ -37,6 +37,7 @@ __all__ = [
     "ALL_REDUCE",
     "AVERAGE_NAME",
     "BATCH_NORMS",
+    "FLOAT64",
     "GRADIENT_DTYPES",
     "NONFINITE_GRADIENT",
     "NONFINITE_LOSS",
