@@ -31,7 +31,7 @@ LAUNCH_LAYERS = [
     ("launch.distributed.arrangements",),
     ("launch.distributed.ports",),
     ("launch.distributed.local_cluster",),
-    ("launch.bench", "launch.tune"),
+    ("launch.bench", "launch.tune", "launch.verify"),
     ("launch.cli", "launch.cli_arrangement", "launch.cli_data", "launch.cli_help",
      "launch.cli_timeline", "launch.__main__"),
 ]
