@@ -79,7 +79,8 @@ class DataEndHook(V1.train.SessionRunHook):
     out: that step never reaches after_run, and end() is called while it is in flight.
     Another queue closed under a step ends it the same way (a synchronous worker's token
     queue, which the chief closes as it stops), so the input counts as run out only
-    when the steps done have taken every batch it was started with.
+    when the steps done have taken every batch it was started with: never for an input
+    without an end (no data.epochs).
 
     batches: the batches this session's input was started with (None: no end), known
     once the session has started.
@@ -104,7 +105,7 @@ class DataEndHook(V1.train.SessionRunHook):
     def ran_out(self) -> bool:
         """Asked once the session has ended: it ended mid-step, on the end of its data."""
         batches = self._batches()
-        return self.in_step and (batches is None or self.steps >= batches)
+        return self.in_step and batches is not None and self.steps >= batches
 
 
 class StopOnSignalHook(V1.train.SessionRunHook):

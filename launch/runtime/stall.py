@@ -124,3 +124,11 @@ class StallWatch(V1.train.SessionRunHook):
                 self._session, self._taken, self._finished):
             return NO_BATCH
         return self._cause()
+
+    def waits_for(self) -> str:
+        """What this process waits for now, asked from any thread (a stop's deadline)."""
+        if self._session is None:
+            return "the training session has not started (it waits for its peers or the chief)"
+        if self._ended.is_set():
+            return "the session is closing (its final checkpoint, its peers' end of the job)"
+        return self._what_it_waits_for()

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from launch import data, kernels, metrics
 from launch.config import JobConfig, TrainConfig
+from launch.errors import StopTimedOut
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
@@ -35,6 +36,7 @@ from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals, work_done
 from launch.runtime.stall import StallWatch
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
+from launch.runtime.stop_deadline import StopDeadline
 from launch.runtime.timeline import TimelineHook, timeline_path
 from launch.runtime.training_graph import TrainingGraph, build_training_graph
 from launch.runtime.worker_positions import OthersPartsHook
@@ -54,6 +56,7 @@ class _Loop:
     data: DataPositionHook
     data_end: DataEndHook
     phases: StepPhases
+    stall: StallWatch
     loss_scale: LossScaleHook | None = None
 
 
@@ -88,8 +91,12 @@ def train(
 def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
            write: Callable[[str], None]) -> dict:
     # Caught from when the session starts (until then the command's own handling
-    # applies: nothing is built that a stop could save).
-    stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)
+    # applies: nothing is built that a stop could save). Acknowledged as it arrives,
+    # even while the main thread is inside a step, and bounded by the deadline.
+    deadline = StopDeadline(job.train.stop_timeout_secs, lambda name: None)
+    announce = _announce_stop(write, role.writes)
+    stop = StopSignals(escalate=True, notify_threads=True,
+                       on_arrival=lambda name: (announce(name), deadline.arm(name)))
     where = plan.source.where()
     skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
@@ -100,13 +107,16 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
+        deadline.expire = _stop_timed_out(
+            deadline, loop.stall, job.train.checkpoint_dir if role.writes else None)
         write(_startup_line(job, plan))
         note = _precision_note(job, plan, built.ops.train_op)
         if note:
             write(note)
         role.before_session(plan.session)
         with data.input_errors(where):
-            _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+            with deadline:
+                _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
@@ -139,6 +149,24 @@ def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | 
 def _announce_stop(write: Callable[[str], None], saves: bool) -> Callable[[str], None]:
     doing = "saving a checkpoint and stopping" if saves else "stopping after this step"
     return lambda name: write(f"received {name}: {doing}")
+
+
+def _stop_timed_out(deadline: StopDeadline, stall: StallWatch,
+                    checkpoint_dir: str | None) -> Callable[[str], None]:
+    """What ends a process whose stop did not take within train.stop_timeout_secs."""
+    def expire(name: str) -> None:
+        if checkpoint_dir is None:
+            kept = "a restart resumes from the chief's latest checkpoint"
+        else:
+            latest = tf.train.latest_checkpoint(checkpoint_dir)
+            kept = (f"a restart resumes from the latest, {latest}" if latest else
+                    "none was written: a restart begins again")
+        exit_now(StopTimedOut(
+            f"received {name} {deadline.secs:g} s ago (train.stop_timeout_secs) and the "
+            f"step under way has not finished: {stall.waits_for()}; ending without a final "
+            f"checkpoint: {kept}"))
+
+    return expire
 
 
 def _startup_line(job: JobConfig, plan: Plan) -> str:
@@ -247,7 +275,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
-                 loss_scale)
+                 stall, loss_scale)
 
 
 def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,

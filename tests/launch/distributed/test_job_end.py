@@ -55,6 +55,13 @@ def test_a_step_ended_by_a_closed_token_queue_is_not_the_end_of_the_data(graph):
     assert hook.steps == 3 and not hook.ran_out
 
 
+def test_a_step_ended_by_the_closed_token_queue_of_an_endless_input_is_not_either(graph):
+    # No data.epochs: the input never ends (it said "ran out of data" after the chief's
+    # stop, and stopped_by "end of data").
+    hook = run_until_closed(batches=None, input_batches=100, close_after=3)
+    assert hook.steps == 3 and not hook.ran_out
+
+
 def test_a_step_ended_by_its_input_is(graph):
     hook = run_until_closed(batches=5, input_batches=5, close_after=99)
     assert hook.steps == 5 and hook.ran_out
