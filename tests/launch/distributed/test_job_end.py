@@ -16,10 +16,12 @@ from helpers.commands import ok, run_towers
 from launch.distributed.cluster import Task
 from launch.distributed.health import ending
 from launch.distributed.health.ending import (
+    diverged_queue,
     final_step,
     finished_queue,
     release_tokens,
     report_finished,
+    tell_diverged,
     tell_final_step,
 )
 from launch.distributed.ports import free_ports
@@ -108,6 +110,27 @@ def test_the_reports_to_a_ps_that_has_gone_give_up_within_their_timeout(monkeypa
     report_finished(Task(spec, "worker", 1), written.append)
     assert time.monotonic() - began < 10
     assert written == ["could not report finished to every ps task; one has stopped already"]
+
+
+def test_a_divergence_is_told_through_ps_0_and_given_up_on_a_ps_that_has_gone(monkeypatch):
+    # It went through the worker's own server, whose session waited for a gone ps
+    # without end (over 90 s, measured on the tree before).
+    ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))
+    spec = {"ps": (ps,), "worker": (w0, w1)}
+    server = tf.distribute.Server(tf.train.ClusterSpec({"ps": [ps], "worker": [w0, w1]}),
+                                  job_name="ps", task_index=0)  # no worker's server runs
+    tell_diverged(Task(spec, "worker", 1))
+    graph = tf.Graph()
+    with graph.as_default():
+        told = diverged_queue().dequeue_many(2)
+    only_ps = V1.ConfigProto(device_filters=["/job:ps/task:0"])
+    with V1.Session(server.target, graph=graph, config=only_ps) as sess:
+        assert list(sess.run(told, options=V1.RunOptions(timeout_in_ms=5000))) == [1, 1]
+    gone = {"ps": (f"127.0.0.1:{free_ports(1)[0]}",), "worker": (w0, w1)}
+    monkeypatch.setattr(ending, "REPORT_TIMEOUT_MS", 500)
+    began = time.monotonic()
+    tell_diverged(Task(gone, "worker", 1))
+    assert time.monotonic() - began < 10
 
 
 @pytest.mark.e2e

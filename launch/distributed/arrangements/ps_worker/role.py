@@ -37,8 +37,8 @@ class WorkerRole(Role):
     deadline: the StepDeadline hook bounding every step.
     """
 
-    def __init__(self, job: JobConfig, task: Task, server, session: V1.ConfigProto,
-                 write: Callable[[str], None] = log, exporter: metrics.Exporter | None = None):
+    def __init__(self, job: JobConfig, task: Task, server, write: Callable[[str], None] = log,
+                 exporter: metrics.Exporter | None = None):
         super().__init__(
             master=server.target,
             is_chief=task.is_chief,
@@ -47,7 +47,7 @@ class WorkerRole(Role):
             stop_grace_secs=1.0,
         )
         self.label = task.label
-        self._job, self._task, self._session = job, task, session
+        self._job, self._task = job, task
         self._write = write
         self._sync: sync_replicas.SyncReplicas | None = None
         self._end: JobEndHook | None = None
@@ -126,5 +126,7 @@ class WorkerRole(Role):
         """This worker's session ended on a non-finite step, its own or another's: make
         sure every worker stops, and tell the ps tasks this one is done."""
         if self._end is not None and self._end.peer_diverged is None:
-            tell_diverged(self._end, self.master, self._session)
-        report_finished(self._task, self._write)
+            tell_diverged(self._task)
+            if self._sync is not None:
+                sync_replicas.wake_workers(self._task, self._sync.token_ps())
+        report_finished(self._task, self._write, diverged=True)

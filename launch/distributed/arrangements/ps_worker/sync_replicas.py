@@ -16,10 +16,12 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from launch.distributed.cluster import ClusterError, Task
+from launch.distributed.health import ending
 
 V1 = tf.compat.v1
 
 QUEUE_RUNNER_WAIT_SECS = 5.0  # for the chief's runner to end once its session has closed
+TOKEN_QUEUE = "sync_token_q"  # TensorFlow's name for it, shared by name
 
 
 class SyncReplicas(V1.train.SyncReplicasOptimizer):
@@ -41,6 +43,27 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         with tf.device(self._worker_device):
             return super().apply_gradients(grads_and_vars, global_step, name)
+
+    def token_ps(self) -> int:
+        """The ps task holding the token queue (the global step's), once built."""
+        return tf.DeviceSpec.from_string(self._sync_token_queue.queue_ref.device).task or 0
+
+
+def wake_workers(task: Task, token_ps: int) -> None:
+    """A token for every worker, through the token queue's ps's own server (bounded): a
+    worker blocked waiting for its next one, for an update that will never come (a
+    worker diverged), wakes and sees why. The token's value (the local step it gives)
+    does not matter: every worker stops after that step."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.device(f"/job:ps/task:{token_ps}"):
+        tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=[()], shared_name=TOKEN_QUEUE,
+                                    name=TOKEN_QUEUE)
+        wake = tokens.enqueue_many(tf.zeros([task.num_workers], tf.int64))
+    try:
+        ending.run_on_ps(task, token_ps, graph, wake, ending.REPORT_TIMEOUT_MS)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.CancelledError):
+        pass  # gone, or closed by the chief as it stopped: nobody is left waiting
 
 
 def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int) -> SyncReplicas:
