@@ -12,6 +12,7 @@ which workers have stopped reporting, which ps does not answer, ...).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,31 @@ NO_BATCH = ("the step waits for its input: the input pipeline has given it no ba
             "source that gives no data, or a reader that is stuck)")
 
 
+def no_batch_text(examples: int, example_bytes: int, memory_bytes: int | None) -> str:
+    """What a step without its batch waits for: its input, or, when the batch is too
+    large to assemble (more than half this host's memory), its size."""
+    batch = examples * example_bytes
+    if memory_bytes is None or batch <= memory_bytes / 2:
+        return NO_BATCH
+    return (f"the step waits for its input: its batch of {examples:,} examples "
+            f"({batch / 2**30:,.1f} GiB) is too large to assemble in this host's "
+            f"{memory_bytes / 2**30:,.1f} GiB of memory; lower train.batch_size (each process "
+            "assembles its own part of the global batch: more workers or ranks split it)")
+
+
+def example_bytes(*tensors: tf.Tensor) -> int:
+    """The bytes one example takes in a batch of `tensors` ([b, ...] each, the rest of
+    the shape known)."""
+    return sum(tensor.shape[1:].num_elements() * tensor.dtype.size for tensor in tensors)
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def stall_text(seconds: float, warning_secs: float, cause: str) -> str:
     """'no step has finished for 12 s (train.stall_warning_secs: 10): <cause>'."""
     return (f"no step has finished for {seconds:.0f} s (train.stall_warning_secs: "
@@ -43,11 +69,13 @@ class StallWatch(V1.train.SessionRunHook):
     cause: what a step past its input waits for, asked from the watch's thread while
         stalled.
     abort: ends the process with the error (launch.hard_exit.exit_now).
+    no_batch: what a step without its batch waits for (no_batch_text).
     """
 
     def __init__(self, warning_secs: float, abort_secs: float | None,
                  cause: Callable[[], str], write: Callable[[str], None],
-                 abort: Callable[[TowersError], None]):
+                 abort: Callable[[TowersError], None], no_batch: str = NO_BATCH):
+        self._no_batch = no_batch
         self._warning = warning_secs
         self._abort_secs = abort_secs
         self._cause = cause
@@ -122,7 +150,7 @@ class StallWatch(V1.train.SessionRunHook):
     def _what_it_waits_for(self) -> str:
         if self._taken is not None and self._session is not None and waits_for_input(
                 self._session, self._taken, self._finished):
-            return NO_BATCH
+            return self._no_batch
         return self._cause()
 
     def waits_for(self) -> str:

@@ -34,7 +34,7 @@ from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals, work_done
-from launch.runtime.stall import StallWatch
+from launch.runtime.stall import StallWatch, example_bytes, host_memory_bytes, no_batch_text
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.stop_deadline import StopDeadline
 from launch.runtime.timeline import TimelineHook, timeline_path
@@ -237,8 +237,10 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     )
     stop_at = StopAtStepHook(last, write, job.data.epochs)
     data_end = DataEndHook(lambda: data_position.batches)
+    no_batch = no_batch_text(plan.process_batch_size, example_bytes(
+        built.input.features, built.input.labels), host_memory_bytes())
     stall = StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
-                       exit_now)
+                       exit_now, no_batch)
     hooks = [
         *role.start_hooks(ops),
         data_position,  # before any hook asks where the job stops

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from launch.errors import EXIT_PEER_UNAVAILABLE, Stalled
 from launch.runtime.input_watch import count_batches
-from launch.runtime.stall import NO_BATCH, StallWatch
+from launch.runtime.stall import NO_BATCH, StallWatch, example_bytes, no_batch_text
 
 V1 = tf.compat.v1
 
@@ -106,3 +106,20 @@ def test_a_process_that_did_not_run_says_so_and_blames_nothing_it_waits_for():
     assert len(lines) == 1  # its stall clock started again when it ran again
     watch.look(start + 32.6, start + 35.0)  # a real stall since: named as before
     assert lines[-1].startswith("no step has finished for 3 s") and len(lines) == 2
+
+
+def test_a_batch_too_large_to_assemble_is_named_as_the_cause():
+    # The default job (28x28x1 float32 images, int32 labels) at train.batch_size
+    # 100,000,000 on a host of 24 GiB: its input stalled for an hour, said to be "a
+    # source that gives no data, or a reader that is stuck".
+    with tf.Graph().as_default():
+        features = V1.placeholder(tf.float32, [None, 28, 28, 1])
+        labels = V1.placeholder(tf.int32, [None])
+        size = example_bytes(features, labels)
+    assert size == 28 * 28 * 4 + 4
+    assert no_batch_text(100_000_000, size, 24 * 2**30) == (
+        "the step waits for its input: its batch of 100,000,000 examples (292.4 GiB) is too "
+        "large to assemble in this host's 24.0 GiB of memory; lower train.batch_size (each "
+        "process assembles its own part of the global batch: more workers or ranks split it)")
+    assert no_batch_text(256, size, 24 * 2**30) == NO_BATCH
+    assert no_batch_text(100_000_000, size, None) == NO_BATCH
