@@ -5,6 +5,7 @@ In one process, on queues of its own. And the reports at the end of a job (finis
 the chief's final step) reach a ps through its own server, and give up within their
 timeout on a ps that has gone (they waited for it without end)."""
 
+import os
 import re
 import time
 
@@ -28,6 +29,8 @@ from launch.distributed.ports import free_ports
 from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1
+HELPERS = os.path.join(os.path.dirname(__file__), "..", "..", "helpers")
+RATE = 0.125
 
 
 def run_until_closed(batches, input_batches, close_after):
@@ -137,12 +140,18 @@ def test_a_divergence_is_told_through_ps_0_and_given_up_on_a_ps_that_has_gone(mo
 def test_three_synchronous_workers_end_with_their_data_all_with_exit_0(tmp_path):
     """The issue's job, small: 3 synchronous workers, data.epochs 1. One run in four
     ended with a worker's exit 1; run this in a loop (and under load) after a change
-    here (the loop's results are in docs/resume.md)."""
+    here (the loop's results are in docs/resume.md). Its model counts, through a sparse
+    gradient, how often each example was trained (helpers/counting_model.py): once
+    each, as one device training the whole batch would (TensorFlow's sparse accumulator
+    averaged each row over the workers that sent it: 3 times, found by the soak's
+    uninterrupted run of a synchronous job)."""
     rows = tmp_path / "rows.npz"
     rng = np.random.default_rng(0)
     np.savez(rows, features=rng.normal(size=(480, 8)).astype(np.float32),
              labels=rng.integers(0, 2, size=480))
-    settings = {"model.name": "mlp", "model.input_dim": 8, "model.num_classes": 2,
+    settings = {"model.name": "counting_model:build", "model.path": HELPERS,
+                "model.rows": 480, "model.mean": "true", "optimizer.name": "sgd",
+                "optimizer.learning_rate": RATE, "model.input_dim": 8, "model.num_classes": 2,
                 "model.hidden_units": "[8]", "data.source": "npz", "data.path": rows,
                 "data.epochs": 1, "train.batch_size": 24, "train.steps": 100000,
                 "train.sync": "true", "train.checkpoint_dir": tmp_path / "ckpt",
@@ -155,3 +164,6 @@ def test_three_synchronous_workers_end_with_their_data_all_with_exit_0(tmp_path)
     ends = re.findall(r"\[worker\d\] towers: data.epochs: 1 pass\(es\) over the data done at "
                       r"step (\d+)", done.stderr)
     assert ends == ["20"] * 3, done.stderr[-3000:]
+    trained = tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "ckpt")),
+                                     "mlp_counts/trained")
+    np.testing.assert_allclose(trained / (RATE / 24), np.ones(480), atol=1e-3)

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.ops import data_flow_ops
 
 from launch.distributed.cluster import ClusterError, Task
 from launch.distributed.health import ending
@@ -41,8 +43,21 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
         self._worker_device = worker_device
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        # A sparse gradient (an embedding's rows) is summed, each worker's already divided
+        # by the gradients an update takes: TensorFlow's sparse accumulator would average
+        # each row over the workers whose batch held it, so a row only one worker's part
+        # held got replicas_to_aggregate times the update one device makes (a dense one
+        # is averaged over them all).
+        share = 1.0 / self._replicas_to_aggregate
+        grads_and_vars = [(_scaled(grad, share), var) for grad, var in grads_and_vars]
         with tf.device(self._worker_device):
-            return super().apply_gradients(grads_and_vars, global_step, name)
+            applied = super().apply_gradients(grads_and_vars, global_step, name)
+        for accumulator, _ in self._accumulator_list:
+            if isinstance(accumulator, data_flow_ops.SparseConditionalAccumulator):
+                # Its op is not yet run: the accumulator it makes on the ps sums.
+                accumulator.accumulator_ref.op._set_attr(  # noqa: SLF001 (no public way)
+                    "reduction_type", attr_value_pb2.AttrValue(s=b"SUM"))
+        return applied
 
     def token_ps(self) -> int:
         """The ps task holding the token queue (the global step's), once built."""
@@ -64,6 +79,13 @@ def wake_workers(task: Task, token_ps: int) -> None:
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.CancelledError):
         pass  # gone, or closed by the chief as it stopped: nobody is left waiting
+
+
+def _scaled(grad, factor: float):
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
+                            grad.dense_shape)
 
 
 def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int) -> SyncReplicas:
