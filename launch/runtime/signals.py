@@ -29,10 +29,12 @@ _done = False  # set by work_done
 
 
 def work_done(done: bool = True) -> None:
-    """Say that this process's work is done: its result is ready, and all that is left is
-    handing it over (a final metrics scrape, printing it) and exiting. A stop request
-    from then on has nothing left to stop; the command's own handler (launch.cli) lets
-    it pass, so the process still exits 0 with its result. `done=False`: a command
+    """Say that this process's work is done: its training session has ended, and all that
+    is left is its ending (reports to its peers, each bounded), handing its result over
+    (a final metrics scrape, printing it) and exiting. A stop request from then on has
+    nothing left to stop; the command's own handler (launch.cli) lets it pass, so the
+    process still exits with its result (it raised into whatever TensorFlow call the
+    ending was in: exit 1, or a wrong "before training started"). `done=False`: a command
     begins (in-process callers run several)."""
     global _done
     _done = done

@@ -83,9 +83,7 @@ def train(
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
-        result = _train(job, plan, role, exporter, write)
-    work_done()  # a stop signal from now on meets a job that has ended
-    return result
+        return _train(job, plan, role, exporter, write)
 
 
 def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
@@ -117,6 +115,9 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
         with data.input_errors(where):
             with deadline:
                 _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+    # A stop signal from now on meets a job that has ended: what is left is its ending
+    # (reports to its peers, bounded) and handing over its result.
+    work_done()
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),

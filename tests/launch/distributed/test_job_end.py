@@ -136,6 +136,25 @@ def test_a_divergence_is_told_through_ps_0_and_given_up_on_a_ps_that_has_gone(mo
     assert time.monotonic() - began < 10
 
 
+def test_a_worker_stopped_by_its_own_signal_does_not_wait_for_the_chiefs_final_step():
+    # The job goes on without it (the chief trains on): it waited
+    # cluster.shutdown_grace_secs for a final step that could not come, and a second
+    # SIGTERM meanwhile raised into that wait (found by the soak, async seed 0).
+    from launch.config import from_dict
+    from launch.distributed.arrangements.ps_worker.role import WorkerRole
+
+    ps, w0, w1 = (f"127.0.0.1:{p}" for p in free_ports(3))
+    tf.distribute.Server(tf.train.ClusterSpec({"ps": [ps], "worker": [w0, w1]}),
+                         job_name="ps", task_index=0)
+    job = from_dict({"cluster": {"shutdown_grace_secs": 20}})
+    role = WorkerRole(job, Task({"ps": (ps,), "worker": (w0, w1)}, "worker", 1),
+                      type("Server", (), {"target": ""})(), write=lambda line: None)
+    began = time.monotonic()
+    result = role.finish({"global_step": 7, "stopped_by": "signal"})
+    assert time.monotonic() - began < 10
+    assert (result["global_step"], result["task"]) == (7, 1)
+
+
 @pytest.mark.e2e
 def test_three_synchronous_workers_end_with_their_data_all_with_exit_0(tmp_path):
     """The issue's job, small: 3 synchronous workers, data.epochs 1. One run in four

@@ -97,6 +97,34 @@ def test_a_process_done_with_its_work_outlives_a_late_stop_request(monkeypatch):
             signal.signal(sig, handler)
 
 
+def test_once_the_training_session_has_ended_a_stop_signal_meets_a_finished_job(tmp_path):
+    # After the session a worker still reports to its peers (Role.finish: TensorFlow
+    # calls, bounded): the command's own handler raised into them ("received SIGTERM
+    # before training started"; inside a TensorFlow call, exit 1 and a traceback, found
+    # by the soak, async seed 0). The work is done from the session's end on.
+    from launch.config import load_job
+    from launch.runtime import signals as signals_module
+    from launch.runtime.role import Role
+    from launch.runtime.train import train
+
+    done_when_finishing = []
+
+    class Recording(Role):
+        def finish(self, result: dict) -> dict:
+            done_when_finishing.append(signals_module.is_work_done())
+            return result
+
+    signals_module.work_done(False)
+    job = load_job(None, ["train.steps=1", "train.batch_size=4", "model.name=mlp",
+                          "model.hidden_units=[4]", "model.input_dim=4", "model.num_classes=2",
+                          "data.source=synthetic", f"train.checkpoint_dir={tmp_path / 'ckpt'}"])
+    try:
+        train(job, role=Recording(), write=lambda line: None)
+    finally:
+        signals_module.work_done(False)
+    assert done_when_finishing == [True]
+
+
 # A towers process whose interpreter takes its time to shut down (as one with
 # TensorFlow's threads may): it says when it begins, and ends once told to.
 SLOW_EXIT = '''

@@ -104,10 +104,12 @@ class WorkerRole(Role):
 
     def finish(self, result: dict) -> dict:
         """The job's last step in every worker's result (the chief's final checkpoint's),
-        then this worker's report to the ps tasks."""
+        then this worker's report to the ps tasks. A worker stopped by its own signal
+        does not wait for the chief's: the job may go on without it (a node preempted),
+        and its stop would wait cluster.shutdown_grace_secs for nothing."""
         if self.is_chief:
             tell_final_step(self._task, result["global_step"])
-        else:
+        elif result.get("stopped_by") != "signal":
             result = {**result, "global_step": self._final_step(result["global_step"])}
         report_finished(self._task, self._write)
         return {**result, "job": self._task.job_name, "task": self._task.task_index}
