@@ -25,6 +25,7 @@ from launch.runtime.input_watch import batches_taken, waits_for_input
 V1 = tf.compat.v1
 
 LOOK_EVERY_SECS = 0.5
+READ_WAIT_SECS = 3.0  # for the batch count's read (its own timeout is 2 s)
 # A look this much later than due: the process itself did not run in between (SIGSTOP,
 # a paused container or VM, a host starved of CPU), and nothing it waited for is to blame.
 SUSPENDED_AFTER_SECS = 2.0
@@ -89,6 +90,7 @@ class StallWatch(V1.train.SessionRunHook):
         self._taken: tf.Tensor | None = None
         self._session = None
         self._finished = 0  # steps of this session
+        self._reading: threading.Thread | None = None
 
     def begin(self) -> None:
         self._taken = batches_taken(V1.get_default_graph())
@@ -148,10 +150,26 @@ class StallWatch(V1.train.SessionRunHook):
         return now
 
     def _what_it_waits_for(self) -> str:
-        if self._taken is not None and self._session is not None and waits_for_input(
-                self._session, self._taken, self._finished):
+        if self._taken is not None and self._session is not None and self._waits_for_input():
             return self._no_batch
         return self._cause()
+
+    def _waits_for_input(self) -> bool | None:
+        """Whether the stuck step has not got its batch, from a read of the session in a
+        thread of its own, at most READ_WAIT_SECS (None: no answer). The read can block
+        beyond its own timeout while the step is stuck (a Horovod rank in a collective
+        its peer never joins), and the watch, the stall's abort and a stop's deadline
+        must go on without it."""
+        if self._reading is not None and self._reading.is_alive():
+            return None  # the last read has not come back
+        answer: list[bool | None] = []
+        session, taken, finished = self._session, self._taken, self._finished
+        self._reading = threading.Thread(
+            target=lambda: answer.append(waits_for_input(session, taken, finished)),
+            name="StallWatchRead", daemon=True)
+        self._reading.start()
+        self._reading.join(READ_WAIT_SECS)
+        return answer[0] if answer else None
 
     def waits_for(self) -> str:
         """What this process waits for now, asked from any thread (a stop's deadline)."""
