@@ -63,6 +63,20 @@ def test_a_stop_frees_a_step_blocked_on_peers_with_the_roles_unblock_op(graph):
     assert took > StopOnSignalHook.BLOCKED_SECS, took
 
 
+def test_a_step_counts_as_blocked_only_past_three_times_the_recent_longest():
+    # A slow step (a loaded host, a large model) is not one blocked on stopped peers:
+    # freeing it would hand its worker a token it did not earn.
+    now = [0.0]
+    hook = StopOnSignalHook(StopSignals(), clock=lambda: now[0])
+    hook.after_create_session(None, None)
+    for seconds in (30.0, 0.5, 4.0, 1.0):  # the first waits for the peers: not counted
+        hook.before_run(None)
+        now[0] += seconds
+        hook.after_run(type("Context", (), {"request_stop": lambda self: None})(), None)
+    assert hook.blocked_after() == 12.0
+    assert StopOnSignalHook(StopSignals()).blocked_after() == StopOnSignalHook.BLOCKED_SECS
+
+
 def test_without_a_stop_a_blocked_step_is_left_alone(graph):
     queue = tf.queue.FIFOQueue(10, [tf.int32], shapes=[[]])
     step = queue.dequeue()
