@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -189,6 +190,9 @@ def _statuses(record: Record) -> list[str]:
     for run in record.runs:
         label = f"{run.task}-{run.generation}"
         stderr = run.stderr
+        if run.task == "horovod":
+            found += _rank_statuses(label, stderr + run.stdout)
+            continue
         if "Traceback" in stderr:
             found.append(f"(c) {label} printed a traceback")
         status = run.status
@@ -212,6 +216,23 @@ def _statuses(record: Record) -> list[str]:
                          f"{_error_line(stderr)}")
         elif status not in (0, 4, 138, -9, -15) and run.task != "horovod":
             found.append(f"(c) {label} exited {status}")
+    return found
+
+
+def _rank_statuses(label: str, output: str) -> list[str]:
+    """(c) for a horovodrun's ranks: each rank's status as horovodrun reports it (its own
+    traceback, when a rank failed, is the launcher's): 0, 138 (a peer lost), 4 (the
+    disk), or ended by a signal (the schedule's, or horovodrun's after another rank
+    failed: 137, 143); never 1, 2, 3, 5, and no rank's traceback."""
+    found = []
+    if re.search(r"^\[\d+\]<stderr>:Traceback", output, re.MULTILINE):
+        found.append(f"(c) {label}: a rank printed a traceback")
+    for rank, status in re.findall(r"^Process (\d+) exit with status code (-?\d+)", output,
+                                   re.MULTILINE):
+        if int(status) not in (0, 4, 138, 137, 143, -9, -15):
+            lines = re.findall(rf"^\[{rank}\]<stderr>:towers: error: (.*)$", output, re.MULTILINE)
+            found.append(f"(c) {label}: rank {rank} exited {status}: "
+                         f"{lines[-1][:300] if lines else ''}")
     return found
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import replace
@@ -52,10 +53,14 @@ def _reference(out: str, arrangement: str, ends_with_data: bool, rows: str,
         try:
             checker.keep_log(record, workdir)
             violations = checker.check(record, None)
-            if violations:
-                raise RuntimeError(f"the uninterrupted run of {arrangement} broke "
-                                   f"{violations} (logs: {workdir})")
-            found.append(checker.variables(tf.train.latest_checkpoint(record.checkpoint_dir)))
+            if violations:  # a schedule of no faults, failed: reported as one
+                _report(out, Schedule(-1 - attempt, arrangement, ends_with_data, 0, ()),
+                        record, violations, workdir, print)
+            latest = tf.train.latest_checkpoint(record.checkpoint_dir)
+            if latest is None:
+                raise RuntimeError(f"the uninterrupted run of {arrangement} saved nothing "
+                                   f"(logs: {workdir})")
+            found.append(checker.variables(latest))
         finally:
             supervisor.unmount()
         at = {text: when for when, text in record.events}
@@ -66,24 +71,42 @@ def _reference(out: str, arrangement: str, ends_with_data: bool, rows: str,
     return found, max(windows)
 
 
+def one_device_reference(out: str, rows: str, ends_with_data: bool) -> list[dict]:
+    """The job trained in this process on one device: what an exact arrangement's run
+    ends with, within the checker's tolerance (twice, as two runs' references)."""
+    from launch.config import load_job
+    from launch.runtime.train import train
+
+    checkpoint_dir = os.path.join(out, f"one-device-{ends_with_data}")
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    settings = jobs.job_settings(ARRANGEMENTS["one"], rows, checkpoint_dir, ends_with_data)
+    settings.update({"towers.devices": 1, "model.delay_secs": 0})
+    train(load_job(None, [f"{k}={v}" for k, v in settings.items()]), write=lambda line: None)
+    found = checker.variables(tf.train.latest_checkpoint(checkpoint_dir))
+    return [found, found]
+
+
 def run_schedule(schedule: Schedule, out: str, rows: str, keep: bool = False,
-                 write=print) -> dict:
-    """Run and check one schedule; its summary (written to OUT/summary.jsonl)."""
+                 write=print, references: list[dict] | None = None) -> dict:
+    """Run and check one schedule; its summary (written to OUT/summary.jsonl).
+    references: what the checker compares with (default: two uninterrupted runs of the
+    arrangement, made once in OUT); given, the schedule's faults must be too."""
     arrangement = ARRANGEMENTS[schedule.arrangement]
     network = None
     if arrangement.hosts and net_hosts.why_unavailable() is None:
         net_hosts.sweep_stale()
         network = net_hosts.TestNetwork.create()
     try:
-        references, window = _reference(out, schedule.arrangement, schedule.ends_with_data,
-                                        rows, network)
+        window = 20.0
+        if references is None:
+            references, window = _reference(out, schedule.arrangement,
+                                            schedule.ends_with_data, rows, network)
         if not schedule.faults:  # a seed's schedule, drawn on the measured time scale
             schedule = draw(schedule.seed, schedule.arrangement, window, schedule.hog)
         workdir = os.path.join(out, f"{schedule.arrangement}-{schedule.seed}")
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
         supervisor = Supervisor(schedule, workdir, rows, network, window)
-        began = time.time()
         record = supervisor.run()
         try:
             violations = checker.check(record, references)
@@ -93,12 +116,22 @@ def run_schedule(schedule: Schedule, out: str, rows: str, keep: bool = False,
         if network is not None:
             network.close()
     checker.keep_log(record, workdir)
+    summary = _report(out, schedule, record, violations, workdir, write)
+    if not violations and not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return summary
+
+
+def _report(out: str, schedule: Schedule, record, violations: list[str], workdir: str,
+            write) -> dict:
+    """One schedule's line in OUT/summary.jsonl and on the output."""
     summary = {
         "seed": schedule.seed, "arrangement": schedule.arrangement, "hog": schedule.hog,
         "faults": record.faults_made, "violations": violations,
         "secs": round(record.ended - record.began, 1), "sizes": record.sizes,
-        "starts": len(record.runs), "began": time.strftime("%Y-%m-%dT%H:%M:%S",
-                                                           time.gmtime(began)),
+        "starts": len(record.runs), "cpu": _cpu(),
+        "began": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - (
+            record.ended - record.began))),
     }
     with open(os.path.join(out, "summary.jsonl"), "a") as f:
         f.write(json.dumps(summary, sort_keys=True) + "\n")
@@ -111,9 +144,13 @@ def run_schedule(schedule: Schedule, out: str, rows: str, keep: bool = False,
         write(f"  schedule: {schedule.text}")
         write(f"  replay: make soak SEED={schedule.seed} ARRANGEMENT={schedule.arrangement}"
               f"  (logs: {workdir})")
-    elif not keep:
-        shutil.rmtree(workdir, ignore_errors=True)
     return summary
+
+
+def _cpu() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f
+                     if line.startswith("model name")), "unknown")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs of passing schedules")
     parser.add_argument("--hours", type=float, help="stop starting schedules after this long")
     args = parser.parse_args(argv)
+    # A SIGTERM (a bounded run's end, a stop by hand) unwinds like Ctrl-C: the schedule
+    # under way stops its processes, restores its links and unmounts its disk.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     os.makedirs(args.out, exist_ok=True)
     rows = jobs.write_rows(os.path.join(args.out, "rows.npz"))
     if args.schedule:

@@ -269,7 +269,8 @@ class Supervisor:
 
     def _chief_stepped(self) -> bool:
         run = self.current.get(self._chief())
-        return run is not None and "towers: step " in run.stderr
+        # horovodrun relays its ranks' lines ("[0]<stderr>:towers: ...") on its stdout
+        return run is not None and "towers: step " in run.stderr + run.stdout
 
     def _reap(self) -> None:
         for run in self._running():
@@ -282,17 +283,29 @@ class Supervisor:
 
     def _after_exit(self, run: Run) -> None:
         record = self.record
-        finished = run.status == 0 and self._finished(run)
-        if run.task == self._chief() and finished and not record.done:
+        if record.done or run.status in (1, 2, 3, 5):
+            return
+        result = run.result() if run.status == 0 else None
+        if run.task == self._chief() and result is not None and \
+                result.get("stopped_by") != "signal":
+            # As Kubernetes' success policy: the chief ending 0 by itself ends the job
+            # (the checker says whether it ended where it should have).
             record.done = True
             record.log("the job is done")
-            return
-        if record.done or finished or run.status in (1, 2, 3, 5):
             return
         if run.status == 4:
             self.waiting_for_disk.add(run.task)
             return
-        self.restart_at[run.task] = time.monotonic() + RESTART_AFTER_SECS
+        now = time.monotonic()
+        if run.status == 0 and self._finished(run):
+            return  # its part done; started again only with the chief (below)
+        self.restart_at[run.task] = now + RESTART_AFTER_SECS
+        if run.task == self._chief():  # the whole job comes back, finished tasks too
+            for name in self._task_names():
+                current = self.current.get(name)
+                if current is not None and current.status is not None and \
+                        name not in self.waiting_for_disk:
+                    self.restart_at.setdefault(name, now + RESTART_AFTER_SECS)
 
     def _finished(self, run: Run) -> bool:
         """Whether a run that exited 0 says its part of the job is done, as a Kubernetes
@@ -484,7 +497,12 @@ class Supervisor:
 
 
 def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the process's session (a task, horovodrun and its ranks) by its pid."""
+    """SIGKILL the process's session (a task; horovodrun, and the ranks it started, each in
+    a session of its own) by its pid."""
+    if process.poll() is None:
+        for pid in _ranks(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -492,26 +510,32 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 def _ranks(launcher: int) -> dict[int, int]:
-    """pid -> Horovod rank of the `towers` processes horovodrun `launcher` started (in its
-    session: the launcher's pid is their process group's)."""
-    found = {}
+    """pid -> Horovod rank of the `towers` processes horovodrun `launcher` started (its
+    descendants: horovodrun starts each rank in a process group of its own)."""
+    parents, found = {}, {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    for pid in parents:
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, launcher):
+            ancestor = parents.get(ancestor)
+        if ancestor != launcher:
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                pgrp = int(f.read().rsplit(")", 1)[1].split()[2])
-            if pgrp != launcher or int(entry) == launcher:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if b"launch" not in f.read().split(b"\0"):
                     continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            if b"HOROVOD_RANK" in env:
-                found[int(entry)] = int(env[b"HOROVOD_RANK"])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
+        if b"HOROVOD_RANK" in env:
+            found[pid] = int(env[b"HOROVOD_RANK"])
     return found
 
 
