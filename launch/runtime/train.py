@@ -255,7 +255,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         progress,
         role.stop_hook(stop),
         data_end,
-        *role.hooks(ops, data_end, phases),
+        *role.hooks(ops, data_end, phases, data_position.follow),
         stall,
     ]
     loss_scale = None

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import towers
+
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 
 # 32 global batches an epoch; powers of 2, so that the counts are exact (within a
@@ -118,6 +120,16 @@ def count_unit(arrangement: Arrangement) -> float:
     """What one training of a place adds to its count (counting_model.py): a synchronous
     job's mean, the sum of an asynchronous worker's single tower."""
     return RATE if arrangement.name == "async" else RATE / BATCH
+
+
+def backup_unit(sizes: list[int], arrangement: Arrangement) -> float:
+    """The most one training of a place adds to its count with backup workers, at any of
+    the sizes a schedule ran: an update is the mean of the gradients it takes (workers
+    minus backups), each its worker's mean over its part of the batch. A count above
+    this much times the steps' is a place trained more often than they say."""
+    backups = int(arrangement.settings.get("train.backup_workers", 0))
+    return max(RATE / (min(towers.shard_sizes(BATCH, size)) * (size - backups))
+               for size in sizes)
 
 
 def expected_counts(step: int) -> np.ndarray:

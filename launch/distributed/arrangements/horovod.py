@@ -197,8 +197,8 @@ class HorovodRole(Role):
         # finished job run again then takes no step on any rank.
         return [BroadcastHook(self._hvd, ops.sync_op)]
 
-    def hooks(self, ops: towers.TrainOps, data_end,
-              phases=None) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end, phases=None,
+              follow=None) -> list[V1.train.SessionRunHook]:
         if self._reports is None:
             return []
         if phases is not None:

@@ -7,12 +7,13 @@ timeout on a ps that has gone (they waited for it without end)."""
 
 import os
 import re
+import signal
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers.commands import ok, run_towers
+from helpers.commands import Cluster, last_json, ok, run_towers
 
 from launch.distributed.cluster import Task
 from launch.distributed.health import ending
@@ -186,3 +187,46 @@ def test_three_synchronous_workers_end_with_their_data_all_with_exit_0(tmp_path)
     trained = tf.train.load_variable(tf.train.latest_checkpoint(str(tmp_path / "ckpt")),
                                      "mlp_counts/trained")
     np.testing.assert_allclose(trained / (RATE / 24), np.ones(480), atol=1e-3)
+
+
+@pytest.mark.e2e
+def test_with_a_backup_worker_each_worker_takes_one_token_an_update(tmp_path):
+    """3 synchronous workers, 1 a backup, worker 2 frozen (SIGSTOP) before it trains:
+    the other two make every update. They also took its token of each update, and ran
+    ahead of the global step: trained their parts of later batches in earlier updates
+    and, their data out first, ended the job early, every task exiting 0 (in 2 of 4
+    uninterrupted runs of 3 such workers, at step 62 or 63 of 64: found by the soak's
+    uninterrupted run of its sync_backup job). Now each takes one token an update: the
+    job ends at step 20 with its data, each of their parts trained once (each update
+    the mean of their 2 gradients), worker 2's not at all."""
+    rows = tmp_path / "rows.npz"
+    rng = np.random.default_rng(0)
+    np.savez(rows, features=rng.normal(size=(480, 8)).astype(np.float32),
+             labels=rng.integers(0, 2, size=480))
+    settings = {"model.name": "counting_model:build", "model.path": HELPERS,
+                "model.rows": 480, "model.mean": "true", "optimizer.name": "sgd",
+                "optimizer.learning_rate": RATE, "model.input_dim": 8, "model.num_classes": 2,
+                "model.hidden_units": "[8]", "data.source": "npz", "data.path": rows,
+                "data.epochs": 1, "train.batch_size": 24, "train.steps": 100000,
+                "train.sync": "true", "train.backup_workers": 1, "towers.devices": 1,
+                "cluster.shutdown_grace_secs": 2, "metrics.port": "null"}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    cluster = Cluster(tmp_path, args, workers=3)
+    try:
+        cluster.start("ps", "ps", 0)
+        frozen = cluster.start("worker2", "worker", 2)
+        frozen.wait_for(r"worker 2 serving")  # before its graph: no step taken
+        frozen.proc.send_signal(signal.SIGSTOP)
+        chief, other = cluster.start("worker0", "worker", 0), cluster.start("worker1", "worker", 1)
+        codes = [chief.wait(timeout=240), other.wait(timeout=60)]
+    finally:
+        frozen.proc.send_signal(signal.SIGCONT)
+        cluster.stop()
+    assert codes == [0, 0], (chief.stderr[-2000:], other.stderr[-2000:])
+    result = last_json(chief.stdout)
+    assert (result["global_step"], result.get("stopped_by")) == (20, "end of data"), result
+    trained = tf.train.load_variable(tf.train.latest_checkpoint(str(cluster.ckpt)),
+                                     "mlp_counts/trained") / (RATE / 24)
+    theirs = np.arange(480) % 24 < 16  # an example's place in its batch: workers 0 and 1
+    np.testing.assert_allclose(trained[theirs], 1.5, atol=1e-3)  # 24 / (8 examples x 2)
+    np.testing.assert_allclose(trained[~theirs], 0.0, atol=1e-6)

@@ -16,6 +16,7 @@ from launch.distributed.health.ending import (
     JobEndHook,
     final_step,
     report_finished,
+    stop_queue,
     tell_diverged,
     tell_final_step,
 )
@@ -62,8 +63,8 @@ class WorkerRole(Role):
         self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
         return self._sync
 
-    def hooks(self, ops: towers.TrainOps, data_end,
-              phases=None) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end, phases=None,
+              follow=None) -> list[V1.train.SessionRunHook]:
         release = None
         if self._sync is not None:
             release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
@@ -72,7 +73,10 @@ class WorkerRole(Role):
         if self._sync is None:
             return [self._end, self.deadline, *reporting]
         sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
-        return [self._end, sync, self.deadline, *reporting]
+        turns = [] if follow is None else [sync_replicas.OneTokenPerRound(
+            self._sync, ops.global_step, stop_queue().size(), follow,
+            self._job.cluster.operation_timeout_secs)]
+        return [self._end, sync, *turns, self.deadline, *reporting]
 
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""

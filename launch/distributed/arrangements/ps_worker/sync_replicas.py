@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -100,6 +100,76 @@ def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int) -> SyncRepli
         base, replicas_to_aggregate=workers - backup_workers, total_num_replicas=workers,
         worker_device=task.device,
     )
+
+
+class OneTokenPerRound(V1.train.SessionRunHook):
+    """A worker takes one token per update it contributes to, and its input goes on at
+    the step of the token it holds.
+
+    TensorFlow's tokens are shared: each update puts one on the queue for every worker,
+    and a worker's step ends by taking whichever is first. A fast worker then took a
+    slower one's token of the same update (with backup workers, every round: the slowest
+    is still computing), computed a second gradient for that update from its next batch,
+    and ran ahead of the global step: it trained its parts of later batches in earlier
+    updates, and, its data out first, stopped the job a step or more before the data's
+    passes ended (2 uninterrupted runs in 4 ended at step 62 or 63 of 64, every task
+    exiting 0). So after each step: a token of an update this worker has already
+    contributed to goes back on the queue (or, stale, its update done, is dropped), and
+    the worker waits for the next update's; then its input goes on at that token's step
+    (a worker that fell behind skips the parts whose updates went ahead without it:
+    lost, as backup workers' parts are).
+
+    follow: starts this worker's input at a global step's batch (DataPositionHook.follow).
+    wait_secs: how long to wait for the next update (cluster.operation_timeout_secs).
+    """
+
+    POLL_SECS = 0.02
+
+    def __init__(self, sync: SyncReplicas, global_step: tf.Tensor, stop_size: tf.Tensor,
+                 follow: Callable[..., None], wait_secs: float):
+        self._sync, self._global_step, self._stop_size = sync, global_step, stop_size
+        self._follow, self._wait_secs = follow, wait_secs
+        self._used: int | None = None  # the local step of the step just run
+
+    def begin(self) -> None:
+        queue, local = self._sync._sync_token_queue, self._sync._local_step
+        self._local = tf.identity(local)
+        self._token = V1.placeholder(queue.dtypes[0], [])
+        self._put_back = queue.enqueue(self._token)
+        self._take = V1.assign(local, queue.dequeue())
+
+    def after_create_session(self, session, coord) -> None:
+        self._used = int(session.run(self._local))
+
+    def after_run(self, run_context, run_values) -> None:
+        session, used = run_context.session, self._used
+        taken = int(session.run(self._local))
+        if taken <= used:
+            try:
+                taken = self._next_update_token(session, taken, used)
+            except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
+                taken = None  # the token queue closed: the chief has stopped
+            if taken is None:
+                run_context.request_stop()  # the job stopped while this worker waited
+                return
+        self._follow(session, taken)
+        self._used = taken
+
+    def _next_update_token(self, session, taken: int, used: int) -> int | None:
+        """Give back (or drop) a token of update `used` or earlier; wait for a later one."""
+        deadline = time.monotonic() + self._wait_secs
+        while taken <= used:
+            if taken >= int(session.run(self._global_step)):  # its update is still to come
+                session.run(self._put_back, {self._token: taken})
+            while int(session.run(self._global_step)) <= used:
+                if session.run(self._stop_size):
+                    return None
+                if time.monotonic() > deadline:
+                    raise tf.errors.DeadlineExceededError(
+                        None, None, "no update came for this worker's next token")
+                time.sleep(self.POLL_SECS)
+            taken = int(session.run(self._take))
+        return taken
 
 
 def session_hook(sync: SyncReplicas, is_chief: bool) -> V1.train.SessionRunHook:
