@@ -199,7 +199,7 @@ class Supervisor:
 
     def _failed(self) -> bool:
         """A task ended with a status nothing restarts: the job cannot finish."""
-        return any(r.status in (1, 2, 3, 5) for r in self.record.runs)
+        return any(_final_status(r) in (1, 2, 3, 5) for r in self.record.runs)
 
     # --- tasks ----------------------------------------------------------------------------
 
@@ -283,7 +283,7 @@ class Supervisor:
 
     def _after_exit(self, run: Run) -> None:
         record = self.record
-        if record.done or run.status in (1, 2, 3, 5):
+        if record.done or _final_status(run) in (1, 2, 3, 5):
             return
         result = run.result() if run.status == 0 else None
         if run.task == self._chief() and result is not None and \
@@ -494,6 +494,16 @@ class Supervisor:
         if self.mounted:
             subprocess.run(["umount", "-l", self.disk], check=False)
             self.mounted = False
+
+
+def _final_status(run: Run) -> int | None:
+    """A run's exit status; for horovodrun (1 whenever a rank failed), its worst rank's: a
+    rank's 1, 2, 3 or 5 if any, else what the launcher says."""
+    if run.task != "horovod" or run.status is None:
+        return run.status
+    ranks = [int(s) for s in re.findall(r"^Process \d+ exit with status code (-?\d+)",
+                                        run.stdout + run.stderr, re.MULTILINE)]
+    return next((s for s in ranks if s in (1, 2, 3, 5)), 0 if run.status == 0 else 138)
 
 
 def _kill_group(process: subprocess.Popen) -> None:
