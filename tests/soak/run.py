@@ -49,8 +49,8 @@ def _reference(out: str, arrangement: str, ends_with_data: bool, rows: str,
         os.makedirs(workdir)
         supervisor = Supervisor(Schedule(-1, arrangement, ends_with_data, 0, ()), workdir,
                                 rows, network)
-        record = supervisor.run()
         try:
+            record = supervisor.run()
             checker.keep_log(record, workdir)
             violations = checker.check(record, None)
             if violations:  # a schedule of no faults, failed: reported as one
@@ -107,8 +107,8 @@ def run_schedule(schedule: Schedule, out: str, rows: str, keep: bool = False,
         shutil.rmtree(workdir, ignore_errors=True)
         os.makedirs(workdir)
         supervisor = Supervisor(schedule, workdir, rows, network, window)
-        record = supervisor.run()
         try:
+            record = supervisor.run()
             violations = checker.check(record, references)
         finally:
             supervisor.unmount()
