@@ -230,3 +230,50 @@ def test_with_a_backup_worker_each_worker_takes_one_token_an_update(tmp_path):
     theirs = np.arange(480) % 24 < 16  # an example's place in its batch: workers 0 and 1
     np.testing.assert_allclose(trained[theirs], 1.5, atol=1e-3)  # 24 / (8 examples x 2)
     np.testing.assert_allclose(trained[~theirs], 0.0, atol=1e-6)
+
+
+@pytest.mark.e2e
+def test_a_chief_stopped_and_started_again_while_its_ps_runs_on_trains_each_part_once(
+        tmp_path):
+    """Synchronous, 2 workers: worker 1 frozen (SIGSTOP), the chief stopped (SIGTERM; its
+    step, waiting for worker 1, freed) saves and exits; the ps runs on, worker 1 having
+    not reported. The chief started again, worker 1 thawed: the job ends with its data,
+    every part trained once. Before, the chief's stop closed the token queue on the ps
+    for good, and its gradient for the step it stopped at stayed in the accumulators:
+    the chief started again could hand out no token, and would have sent that step's
+    gradient a second time (soak seed 12)."""
+    rows = tmp_path / "rows.npz"
+    rng = np.random.default_rng(0)
+    np.savez(rows, features=rng.normal(size=(480, 8)).astype(np.float32),
+             labels=rng.integers(0, 2, size=480))
+    settings = {"model.name": "counting_model:build", "model.path": HELPERS,
+                "model.rows": 480, "model.mean": "true", "model.delay_secs": 0.05,
+                "optimizer.name": "sgd", "optimizer.learning_rate": RATE,
+                "model.input_dim": 8, "model.num_classes": 2, "model.hidden_units": "[8]",
+                "data.source": "npz", "data.path": rows, "data.epochs": 1,
+                "train.batch_size": 24, "train.steps": 100000, "train.sync": "true",
+                "train.log_every_steps": 1, "towers.devices": 1,
+                "cluster.operation_timeout_secs": 30, "metrics.port": "null"}
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    cluster = Cluster(tmp_path, args, workers=2)
+    try:
+        cluster.start("ps", "ps", 0)
+        chief = cluster.start("worker0", "worker", 0)
+        worker1 = cluster.start("worker1", "worker", 1)
+        chief.wait_for(r"towers: step [3-9]/")
+        worker1.proc.send_signal(signal.SIGSTOP)
+        chief.proc.terminate()
+        assert chief.wait(timeout=60) == 0, chief.stderr[-3000:]
+        again = cluster.start("worker0-again", "worker", 0)
+        again.wait_for(r"resuming from")
+        worker1.proc.send_signal(signal.SIGCONT)
+        codes = [again.wait(timeout=120), worker1.wait(timeout=60)]
+    finally:
+        worker1.proc.send_signal(signal.SIGCONT)
+        cluster.stop()
+    assert codes == [0, 0], (again.stderr[-3000:], worker1.stderr[-2000:])
+    result = last_json(again.stdout)
+    assert (result["global_step"], result.get("stopped_by")) == (20, "end of data"), result
+    trained = tf.train.load_variable(tf.train.latest_checkpoint(str(cluster.ckpt)),
+                                     "mlp_counts/trained")
+    np.testing.assert_allclose(trained / (RATE / 24), np.ones(480), atol=1e-3)

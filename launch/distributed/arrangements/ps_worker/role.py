@@ -25,6 +25,7 @@ from launch.distributed.health.step_deadline import StepDeadline
 from launch.distributed.health.stragglers import StragglerWatch
 from launch.log import log
 from launch.runtime.role import Role
+from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
@@ -55,6 +56,7 @@ class WorkerRole(Role):
         self._exporter = exporter
         self._reports: PeerReportHook | None = None
         self._stragglers: StragglerWatch | None = None
+        self._stop: StopSignals | None = None
         self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
@@ -72,10 +74,12 @@ class WorkerRole(Role):
         reporting = [] if phases is None else [self._peer_reports(phases)]
         if self._sync is None:
             return [self._end, self.deadline, *reporting]
-        sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
+        sync = sync_replicas.session_hook(self._sync, self._task.is_chief,
+                                          self._task.num_workers)
         turns = [] if follow is None else [sync_replicas.OneTokenPerRound(
             self._sync, ops.global_step, stop_queue().size(), follow,
-            self._job.cluster.operation_timeout_secs)]
+            (self._job.cluster.startup_timeout_secs, self._job.cluster.operation_timeout_secs),
+            lambda: bool(self._stop))]
         return [self._end, sync, *turns, self.deadline, *reporting]
 
     def _peer_reports(self, phases) -> PeerReportHook:
@@ -99,8 +103,14 @@ class WorkerRole(Role):
     def before_session(self, config: V1.ConfigProto) -> None:
         if self.is_chief:
             self._end.clear(self.master, config)
+            if self._sync is not None:
+                self._sync.clear(self.master, config)
         else:
             wait_for_chief(self.master, config, self.max_wait_secs)
+
+    def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
+        self._stop = stop  # asked for before hooks(): a stop ends a wait for a token too
+        return super().stop_hook(stop)
 
     def unblock_op(self) -> tf.Operation | None:
         """One token, for this worker's own blocked step (see StopOnSignalHook)."""

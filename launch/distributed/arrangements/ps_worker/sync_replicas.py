@@ -2,7 +2,8 @@
 where it does not fit a job whose workers start and restart on their own.
 
     wrap(...)             wraps the job's optimizer; each worker's local step on itself
-    session_hook(...)     the optimizer's hook, with no tokens handed out at the start
+    session_hook(...)     the optimizer's hook; the chief hands the others a token each
+    OneTokenPerRound      a worker takes one token per update; its input follows its token
     queue_runner_quiet()  the chief's cancelled queue runner, without a traceback
 """
 
@@ -52,12 +53,46 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
         grads_and_vars = [(_scaled(grad, share), var) for grad, var in grads_and_vars]
         with tf.device(self._worker_device):
             applied = super().apply_gradients(grads_and_vars, global_step, name)
-        for accumulator, _ in self._accumulator_list:
-            if isinstance(accumulator, data_flow_ops.SparseConditionalAccumulator):
+        self._count = V1.placeholder(tf.int32, [], name="sync_clear_count")
+        self._clears = []  # (gradients held, the op taking them) per accumulator
+        for accumulator, device in self._accumulator_list:
+            sparse = isinstance(accumulator, data_flow_ops.SparseConditionalAccumulator)
+            if sparse:
                 # Its op is not yet run: the accumulator it makes on the ps sums.
                 accumulator.accumulator_ref.op._set_attr(  # noqa: SLF001 (no public way)
                     "reduction_type", attr_value_pb2.AttrValue(s=b"SUM"))
+            with tf.device(device):
+                taken = (accumulator.take_indexed_slices_grad(self._count).values if sparse
+                         else accumulator.take_grad(self._count))
+            self._clears.append((accumulator.num_accumulated(), taken.op))
+        queue = self._sync_token_queue
+        self._clear_tokens = queue.dequeue_many(queue.size()).op
+        # TensorFlow's chief runner closes the token queue as the chief's session stops;
+        # a queue on a ps is closed for good, so a chief started again while that ps
+        # ran on could hand out no token and failed ("FIFOQueue 'sync_token_q' is
+        # closed": soak seed 12). Its queue stays open: the workers waiting for a token
+        # when the job stops are woken by the tokens the chief releases (JobEndHook).
+        runner = self._chief_queue_runner
+        self._chief_queue_runner = V1.train.QueueRunner(
+            runner.queue, runner.enqueue_ops, close_op=tf.no_op(name="sync_token_q_kept"),
+            cancel_op=tf.no_op(name="sync_token_q_kept_on_cancel"))
         return applied
+
+    def clear(self, master: str, config: V1.ConfigProto) -> None:
+        """The chief, before it restores or initialises the variables: take away what the
+        ps tasks hold of an earlier run's updates, the gradients its accumulators hold
+        and the tokens on its queue. A ps outlives the chief's restart: the gradient
+        the chief's last run sent for the step it restores stayed in, and the restarted
+        chief sent it again (that update held the chief's part twice and the other
+        worker's not at all: soak seed 12); a token left there gave a worker the step of a
+        run the restore undid. The workers still waiting are handed tokens of the
+        restored step as the session starts (session_hook)."""
+        with V1.Session(master, graph=self._count.graph, config=config) as sess:
+            for held, take in self._clears:
+                count = int(sess.run(held))
+                if count:
+                    sess.run(take, {self._count: count})
+            sess.run(self._clear_tokens)
 
     def token_ps(self) -> int:
         """The ps task holding the token queue (the global step's), once built."""
@@ -120,16 +155,20 @@ class OneTokenPerRound(V1.train.SessionRunHook):
     lost, as backup workers' parts are).
 
     follow: starts this worker's input at a global step's batch (DataPositionHook.follow).
-    wait_secs: how long to wait for the next update (cluster.operation_timeout_secs).
+    wait_secs: how long to wait for the next update, after a session's first step and
+        after any later one (cluster.startup_timeout_secs, operation_timeout_secs).
+    stopping: whether this process was asked to stop (a signal): it then waits for nothing.
     """
 
     POLL_SECS = 0.02
 
     def __init__(self, sync: SyncReplicas, global_step: tf.Tensor, stop_size: tf.Tensor,
-                 follow: Callable[..., None], wait_secs: float):
+                 follow: Callable[..., None], wait_secs: tuple[float, float],
+                 stopping: Callable[[], bool] = lambda: False):
         self._sync, self._global_step, self._stop_size = sync, global_step, stop_size
-        self._follow, self._wait_secs = follow, wait_secs
+        self._follow, self._wait_secs, self._stopping = follow, wait_secs, stopping
         self._used: int | None = None  # the local step of the step just run
+        self._steps = 0  # of this session
 
     def begin(self) -> None:
         queue, local = self._sync._sync_token_queue, self._sync._local_step
@@ -140,10 +179,20 @@ class OneTokenPerRound(V1.train.SessionRunHook):
 
     def after_create_session(self, session, coord) -> None:
         self._used = int(session.run(self._local))
+        self._steps = 0
 
     def after_run(self, run_context, run_values) -> None:
+        self._steps += 1
+        if run_context.stop_requested or self._stopping():
+            return  # this worker leaves: whatever token it took does not matter
         session, used = run_context.session, self._used
         taken = int(session.run(self._local))
+        if int(session.run(self._global_step)) < used:
+            # A chief restarted and restored a checkpoint under this worker: its token
+            # is of the restored step; go on there.
+            self._follow(session, taken)
+            self._used = taken
+            return
         if taken <= used:
             try:
                 taken = self._next_update_token(session, taken, used)
@@ -157,12 +206,14 @@ class OneTokenPerRound(V1.train.SessionRunHook):
 
     def _next_update_token(self, session, taken: int, used: int) -> int | None:
         """Give back (or drop) a token of update `used` or earlier; wait for a later one."""
-        deadline = time.monotonic() + self._wait_secs
+        # The first update of a session waits for every worker to start, as its first
+        # step would (StepDeadline).
+        deadline = time.monotonic() + self._wait_secs[0 if self._steps == 1 else 1]
         while taken <= used:
             if taken >= int(session.run(self._global_step)):  # its update is still to come
                 session.run(self._put_back, {self._token: taken})
             while int(session.run(self._global_step)) <= used:
-                if session.run(self._stop_size):
+                if session.run(self._stop_size) or self._stopping():
                     return None
                 if time.monotonic() > deadline:
                     raise tf.errors.DeadlineExceededError(
@@ -172,15 +223,14 @@ class OneTokenPerRound(V1.train.SessionRunHook):
         return taken
 
 
-def session_hook(sync: SyncReplicas, is_chief: bool) -> V1.train.SessionRunHook:
-    """The optimizer's own hook (the chief's queue runner, the local-step initialiser).
-
-    No tokens at the start (TensorFlow's default gives replicas_to_aggregate): a
-    chief up before the others would otherwise fill the first update with its own
-    gradients alone; without backups every update then holds exactly one gradient
-    from each worker, so a run is repeatable.
+def session_hook(sync: SyncReplicas, is_chief: bool, workers: int) -> V1.train.SessionRunHook:
+    """The optimizer's own hook (the chief's queue runner, the local-step initialiser),
+    the chief handing a token of the step it starts at to every other worker: one that
+    still waits for a token of an update the chief's restart undid goes on at that step
+    (OneTokenPerRound keeps any worker from taking two, the chief included: without it,
+    a chief up before the others filled the first update with its own gradients).
     """
-    return sync.make_session_run_hook(is_chief, num_tokens=0)
+    return sync.make_session_run_hook(is_chief, num_tokens=workers - 1 if is_chief else 0)
 
 
 @contextlib.contextmanager
