@@ -253,7 +253,9 @@ def test_a_chief_stopped_and_started_again_while_its_ps_runs_on_trains_each_part
                 "data.source": "npz", "data.path": rows, "data.epochs": 1,
                 "train.batch_size": 24, "train.steps": 100000, "train.sync": "true",
                 "train.log_every_steps": 1, "towers.devices": 1,
-                "cluster.operation_timeout_secs": 30, "metrics.port": "null"}
+                # The ps waits for worker 1's report for as long as the test takes.
+                "cluster.shutdown_grace_secs": 300, "cluster.operation_timeout_secs": 30,
+                "metrics.port": "null"}
     args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
     cluster = Cluster(tmp_path, args, workers=2)
     try:

@@ -185,17 +185,11 @@ class OneTokenPerRound(V1.train.SessionRunHook):
         self._steps += 1
         if run_context.stop_requested or self._stopping():
             return  # this worker leaves: whatever token it took does not matter
-        session, used = run_context.session, self._used
+        session = run_context.session
         taken = int(session.run(self._local))
-        if int(session.run(self._global_step)) < used:
-            # A chief restarted and restored a checkpoint under this worker: its token
-            # is of the restored step; go on there.
-            self._follow(session, taken)
-            self._used = taken
-            return
-        if taken <= used:
+        if taken <= self._used:
             try:
-                taken = self._next_update_token(session, taken, used)
+                taken = self._next_update_token(session, taken, self._used)
             except (tf.errors.CancelledError, tf.errors.OutOfRangeError):
                 taken = None  # the token queue closed: the chief has stopped
             if taken is None:
@@ -205,22 +199,31 @@ class OneTokenPerRound(V1.train.SessionRunHook):
         self._used = taken
 
     def _next_update_token(self, session, taken: int, used: int) -> int | None:
-        """Give back (or drop) a token of update `used` or earlier; wait for a later one."""
+        """Give back (or drop) a token of update `used` or earlier; wait for a later one.
+        A global step below `used` is a checkpoint restored under this worker (a chief
+        started again): it goes on at the restored step, the chief's tokens'."""
         # The first update of a session waits for every worker to start, as its first
         # step would (StepDeadline).
         deadline = time.monotonic() + self._wait_secs[0 if self._steps == 1 else 1]
-        while taken <= used:
-            if taken >= int(session.run(self._global_step)):  # its update is still to come
+        while True:
+            step = int(session.run(self._global_step))
+            if step < used:  # restored under it: as if it had sent nothing since
+                used = step - 1
+            if taken > used:
+                return taken
+            if taken >= step:  # its update is still to come: another worker's
                 session.run(self._put_back, {self._token: taken})
-            while int(session.run(self._global_step)) <= used:
+            while step == used:  # the update this worker sent to is still to come
                 if session.run(self._stop_size) or self._stopping():
                     return None
                 if time.monotonic() > deadline:
                     raise tf.errors.DeadlineExceededError(
                         None, None, "no update came for this worker's next token")
                 time.sleep(self.POLL_SECS)
+                step = int(session.run(self._global_step))
+            if step < used:  # restored under it while it waited: look again
+                continue
             taken = int(session.run(self._take))
-        return taken
 
 
 def session_hook(sync: SyncReplicas, is_chief: bool, workers: int) -> V1.train.SessionRunHook:
