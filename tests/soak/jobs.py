@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import towers
-
 HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
 
 # 32 global batches an epoch; powers of 2, so that the counts are exact (within a
@@ -125,11 +123,11 @@ def count_unit(arrangement: Arrangement) -> float:
 def backup_unit(sizes: list[int], arrangement: Arrangement) -> float:
     """The most one training of a place adds to its count with backup workers, at any of
     the sizes a schedule ran: an update is the mean of the gradients it takes (workers
-    minus backups), each its worker's mean over its part of the batch. A count above
-    this much times the steps' is a place trained more often than they say."""
+    minus backups), each its worker's mean over its part weighted by its part (part x
+    workers / batch). A count above this much times the steps' is a place trained more
+    often than they say."""
     backups = int(arrangement.settings.get("train.backup_workers", 0))
-    return max(RATE / (min(towers.shard_sizes(BATCH, size)) * (size - backups))
-               for size in sizes)
+    return max(RATE * size / (BATCH * (size - backups)) for size in sizes)
 
 
 def expected_counts(step: int) -> np.ndarray:

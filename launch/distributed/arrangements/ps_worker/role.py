@@ -62,7 +62,8 @@ class WorkerRole(Role):
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
         if not self._job.train.sync:
             return optimizer
-        self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
+        self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers,
+                                        self._job.train.batch_size)
         return self._sync
 
     def hooks(self, ops: towers.TrainOps, data_end, phases=None,

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import data_flow_ops
 
+import towers
 from launch.distributed.cluster import ClusterError, Task
 from launch.distributed.health import ending
 
@@ -39,18 +40,24 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
     with no tokens handed out at the start, the job waits for ever.
     """
 
-    def __init__(self, *args, worker_device: str, **kwargs):
+    def __init__(self, *args, worker_device: str, weight: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self._worker_device = worker_device
+        self._weight = weight
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        # Each worker's gradient (the mean over its part of the batch) is weighted by its
+        # part (weight: part x workers / batch), as a process's towers are by theirs: the
+        # accumulators average over the workers, which weighed the examples of a smaller
+        # part more than one device would (3 workers of a batch of 32: 11, 11, 10).
         # A sparse gradient (an embedding's rows) is summed, each worker's already divided
         # by the gradients an update takes: TensorFlow's sparse accumulator would average
         # each row over the workers whose batch held it, so a row only one worker's part
         # held got replicas_to_aggregate times the update one device makes (a dense one
         # is averaged over them all).
-        share = 1.0 / self._replicas_to_aggregate
-        grads_and_vars = [(_scaled(grad, share), var) for grad, var in grads_and_vars]
+        sparse_share = 1.0 / self._replicas_to_aggregate
+        grads_and_vars = [(_weighed(grad, self._weight, sparse_share), var)
+                          for grad, var in grads_and_vars]
         with tf.device(self._worker_device):
             applied = super().apply_gradients(grads_and_vars, global_step, name)
         self._count = V1.placeholder(tf.int32, [], name="sync_clear_count")
@@ -116,16 +123,21 @@ def wake_workers(task: Task, token_ps: int) -> None:
         pass  # gone, or closed by the chief as it stopped: nobody is left waiting
 
 
-def _scaled(grad, factor: float):
-    if not isinstance(grad, tf.IndexedSlices):
-        return grad
-    return tf.IndexedSlices(grad.values * tf.cast(factor, grad.values.dtype), grad.indices,
-                            grad.dense_shape)
+def _weighed(grad, weight: float, sparse_share: float):
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        factor = tf.cast(weight * sparse_share, grad.values.dtype)
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad if weight == 1.0 else grad * tf.cast(weight, grad.dtype)
 
 
-def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int) -> SyncReplicas:
-    """`base` applying one update per step from every worker but `backup_workers`."""
+def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int,
+         batch_size: int) -> SyncReplicas:
+    """`base` applying one update per step from every worker but `backup_workers`, each
+    worker's gradient weighted by its part of the global batch of `batch_size`."""
     workers = task.num_workers
+    part = towers.shard_sizes(batch_size, workers)[task.worker_rank]
     if workers - backup_workers < 1:
         raise ClusterError(
             f"train.backup_workers: {backup_workers} backups leave no worker "
@@ -133,7 +145,7 @@ def wrap(base: V1.train.Optimizer, task: Task, backup_workers: int) -> SyncRepli
         )
     return SyncReplicas(
         base, replicas_to_aggregate=workers - backup_workers, total_num_replicas=workers,
-        worker_device=task.device,
+        worker_device=task.device, weight=part * workers / batch_size,
     )
 
 
