@@ -60,6 +60,12 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
                           for grad, var in grads_and_vars]
         with tf.device(self._worker_device):
             applied = super().apply_gradients(grads_and_vars, global_step, name)
+        self._build_clearing()
+        self._keep_token_queue_open()
+        return applied
+
+    def _build_clearing(self) -> None:
+        """The sparse accumulators made to sum (above), and the ops clear() runs."""
         self._count = V1.placeholder(tf.int32, [], name="sync_clear_count")
         self._clears = []  # (gradients held, the op taking them) per accumulator
         for accumulator, device in self._accumulator_list:
@@ -74,16 +80,17 @@ class SyncReplicas(V1.train.SyncReplicasOptimizer):
             self._clears.append((accumulator.num_accumulated(), taken.op))
         queue = self._sync_token_queue
         self._clear_tokens = queue.dequeue_many(queue.size()).op
-        # TensorFlow's chief runner closes the token queue as the chief's session stops;
-        # a queue on a ps is closed for good, so a chief started again while that ps
-        # ran on could hand out no token and failed ("FIFOQueue 'sync_token_q' is
-        # closed": soak seed 12). Its queue stays open: the workers waiting for a token
-        # when the job stops are woken by the tokens the chief releases (JobEndHook).
+
+    def _keep_token_queue_open(self) -> None:
+        """TensorFlow's chief runner closes the token queue as the chief's session stops;
+        a queue on a ps is closed for good, so a chief started again while that ps ran
+        on could hand out no token and failed ("FIFOQueue 'sync_token_q' is closed":
+        soak seed 12). Its queue stays open: the workers waiting for a token when the
+        job stops are woken by the tokens the chief releases (JobEndHook)."""
         runner = self._chief_queue_runner
         self._chief_queue_runner = V1.train.QueueRunner(
             runner.queue, runner.enqueue_ops, close_op=tf.no_op(name="sync_token_q_kept"),
             cancel_op=tf.no_op(name="sync_token_q_kept_on_cancel"))
-        return applied
 
     def clear(self, master: str, config: V1.ConfigProto) -> None:
         """The chief, before it restores or initialises the variables: take away what the
