@@ -9,7 +9,7 @@
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
 PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
 
-.PHONY: test test-fast test-durations horovod
+.PHONY: test test-fast test-durations horovod soak
 
 # horovod 0.28.1 must be built against this TensorFlow; the script caches the
 # wheel (~/.cache/towers/wheels), so only the first build takes minutes.
@@ -42,3 +42,18 @@ test-fast:
 
 test-durations:
 	python -m pytest $(PYTEST_PARALLEL) -q --write-file-seconds
+
+# The soak (tests/soak/, not part of `make test`): seeded random fault schedules against
+# every arrangement (one process, synchronous ps/worker with and without backup
+# workers, asynchronous, collective, Horovod), each job checked for what it must keep.
+# SCHEDULES per arrangement, from FIRST_SEED; SEED=N ARRANGEMENT=NAME replays one
+# schedule; HOG=0|1|2 sets the CPU hogs beside each (default: drawn); OUT keeps the
+# summary (summary.jsonl) and the logs of failed schedules. Needs root (test hosts, a
+# tmpfs to fill) and Horovod for its arrangement.
+SCHEDULES ?= 1
+FIRST_SEED ?= 0
+OUT ?= /tmp/towers-soak
+soak:
+	PYTHONPATH=.:tests python -m soak --schedules $(SCHEDULES) --first-seed $(FIRST_SEED) \
+		--out $(OUT) $(if $(SEED),--seed $(SEED)) $(if $(ARRANGEMENT),--arrangement $(ARRANGEMENT)) \
+		$(if $(HOG),--hog $(HOG))

@@ -11,8 +11,9 @@ the command line needs one `except` clause, and lower layers never import it.
     5 out of memory: a device could not hold the step (the batch per tower too large);
         nothing was saved after the latest checkpoint
     6 towers verify: the towers differ from one device beyond a variable's tolerance
-    138 a peer task of a ps/worker job could not be reached in time, or no step
-        finished for train.stall_abort_secs (retryable)
+    138 a peer task of a ps/worker job could not be reached in time, no step
+        finished for train.stall_abort_secs, or a stop signal's step did not finish
+        within train.stop_timeout_secs (retryable)
 """
 
 from __future__ import annotations
@@ -73,3 +74,9 @@ class PeerUnavailable(TowersError, RuntimeError):
 class Stalled(PeerUnavailable):
     """No step finished for train.stall_abort_secs: retryable, like a lost peer (a
     restart resumes from the last checkpoint)."""
+
+
+class StopTimedOut(Stalled):
+    """A stop signal arrived, and the step under way did not finish within
+    train.stop_timeout_secs: the process ends without a final checkpoint (retryable: a
+    restart resumes from the last one)."""

@@ -208,6 +208,9 @@ class TrainConfig:
     # end the process (exit status 138, retryable).
     stall_warning_secs: float = _field(60.0, number(float, gt=0))
     stall_abort_secs: float | None = _field(None, optional(number(float, gt=0)))
+    # A stop signal whose step has not finished this long after it arrived ends the
+    # process without a final checkpoint (exit status 138); None: wait for the step.
+    stop_timeout_secs: float | None = _field(20.0, optional(number(float, gt=0)))
     # ps/worker, Horovod: a worker whose own time per step is straggler_ratio times the
     # others' median, and straggler_min_secs more, for straggler_steps of the chief's
     # steps (and a window of its own) is named by the chief.

@@ -26,7 +26,15 @@ from launch.log import log
 from launch.runtime.signals import StopSignals
 from launch.runtime.timeline import merge, timeline_path
 
-STOP_WAIT_SECS = 60  # after SIGTERM, how long a task may take to save and exit
+ENDING_SECS = 30  # after its step and grace: its reports, its exit (a loaded host's seconds)
+
+
+def stop_wait_secs(job: JobConfig) -> float:
+    """How long a task may take to exit after SIGTERM before it is killed: its step
+    (train.stop_timeout_secs; 60 s when that waits for the step), the job's end (a ps
+    serves its workers for at most cluster.shutdown_grace_secs), its reports and exit."""
+    step = job.train.stop_timeout_secs
+    return (60.0 if step is None else step) + job.cluster.shutdown_grace_secs + ENDING_SECS
 
 
 @dataclass
@@ -129,18 +137,18 @@ def _failed(task: _Task, stopping: StopSignals) -> bool:
     return code not in (None, 0) and not (stopping and code == -signal.SIGTERM)
 
 
-def _stop(tasks: list[_Task]) -> None:
+def _stop(tasks: list[_Task], wait_secs: float) -> None:
     """SIGTERM every running task once, workers before ps tasks, then kill any task
-    still running after the wait."""
+    still running after wait_secs."""
     for group in ([t for t in tasks if not _is_ps(t)], [t for t in tasks if _is_ps(t)]):
         running = [t for t in group if t.process and t.process.poll() is None]
         for task in running:
             task.process.send_signal(signal.SIGTERM)
         for task in running:
             try:
-                task.process.wait(timeout=STOP_WAIT_SECS)
+                task.process.wait(timeout=wait_secs)
             except subprocess.TimeoutExpired:
-                log(f"{task.name} did not stop within {STOP_WAIT_SECS} s; killing it")
+                log(f"{task.name} did not stop within {wait_secs:g} s; killing it")
                 task.process.kill()
                 task.process.wait()
 
@@ -173,7 +181,7 @@ def run_local_cluster(
             log("started " + ", ".join(f"{t.name} (pid {t.process.pid})" for t in tasks))
             failed = _wait(tasks, stopping)
     finally:
-        _stop(tasks)
+        _stop(tasks, stop_wait_secs(job))
         for task in tasks:
             for reader in task.readers:
                 reader.join(timeout=5)

@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 
-from launch.runtime.checkpoints import CheckpointError
+from launch.runtime.checkpoints import CheckpointError, unwritable
 
 LOCK_FILE = ".towers.lock"  # held by the process writing checkpoint_dir; see hold()
 
@@ -29,13 +29,21 @@ def hold(checkpoint_dir: str, write: Callable[[str], None]) -> Iterator[None]:
     before keeps its lock only if the name still leads to that file. Where the file
     system has no locks: one line, and no lock.
     """
-    os.makedirs(checkpoint_dir, exist_ok=True)
     path = os.path.join(checkpoint_dir, LOCK_FILE)
-    fd = _lock(path, checkpoint_dir, write)
+    try:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        fd = _lock(path, checkpoint_dir, write)
+    except CheckpointError:
+        raise
+    except OSError as err:  # the disk full (or gone) as the job starts: as a failed save
+        raise unwritable(checkpoint_dir, err.strerror or str(err)) from None
     try:
         if fd is not None:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, _holder().encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _holder().encode(), 0)
+            except OSError as err:
+                raise unwritable(checkpoint_dir, err.strerror or str(err)) from None
         yield
     finally:
         if fd is not None:

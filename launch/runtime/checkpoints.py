@@ -59,12 +59,17 @@ def write_failures(checkpoint_dir: str) -> Iterator[None]:
         message = err.message if isinstance(err, tf.errors.OpError) else str(err)
         if not any(p in message for p in {checkpoint_dir, os.path.abspath(checkpoint_dir)}):
             raise
-        latest = tf.train.latest_checkpoint(checkpoint_dir)
-        raise CheckpointWriteError(
-            f"train.checkpoint_dir: cannot write in {checkpoint_dir} ({_os_reason(message)}); "
-            f"the latest complete checkpoint is {latest or 'none'}. Free space or fix the "
-            "directory, then run again to resume"
-        ) from None
+        raise unwritable(checkpoint_dir, _os_reason(message)) from None
+
+
+def unwritable(checkpoint_dir: str, reason: str) -> CheckpointWriteError:
+    """A write into checkpoint_dir failed (mid-run, or as the job starts: its lock, a
+    damaged checkpoint moved aside), as one line naming the latest intact checkpoint."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    return CheckpointWriteError(
+        f"train.checkpoint_dir: cannot write in {checkpoint_dir} ({reason}); the latest "
+        f"complete checkpoint is {latest or 'none'}. Free space or fix the directory, then "
+        "run again to resume")
 
 
 def _os_reason(message: str) -> str:
@@ -161,9 +166,12 @@ def _move_aside(prefix: str, checkpoint_dir: str, write: Callable[[str], None]) 
     if not files:
         return
     aside = os.path.join(checkpoint_dir, UNRESTORABLE_DIR)
-    os.makedirs(aside, exist_ok=True)
-    for name in files:
-        shutil.move(name, os.path.join(aside, os.path.basename(name)))
+    try:
+        os.makedirs(aside, exist_ok=True)
+        for name in files:
+            shutil.move(name, os.path.join(aside, os.path.basename(name)))
+    except OSError as err:  # the disk full as the job starts: as a save that fails
+        raise unwritable(checkpoint_dir, err.strerror or str(err)) from None
     write(f"moved {len(files)} file(s) of {os.path.basename(prefix)} to {aside}")
 
 

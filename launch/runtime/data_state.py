@@ -142,6 +142,7 @@ class DataPositionHook(V1.train.SessionRunHook):
         self._positions = positions
         self._latest: list[int] | None = None  # the worker positions, as last read
         self._next = self._steps = 0  # this worker's position, and its steps this session
+        self._input_step = 0  # the global step whose batch the input gives next
         self._epochs, self._last = epochs, last
         self._rebases, self._announce, self._wait_secs = rebases, announce, wait_secs
         self._resumed_from, self._write = resumed_from, write
@@ -159,6 +160,7 @@ class DataPositionHook(V1.train.SessionRunHook):
             start = self._next = self._latest[self._positions.rank]
             self._steps = 0
         self.batches = batches = self._batches_from(start)
+        self._input_step, self._steps = step, 0
         if self._positions is None:
             self._last.data_end = end
         else:  # a worker ends with its own input (the global step says nothing of it)
@@ -190,8 +192,22 @@ class DataPositionHook(V1.train.SessionRunHook):
             return V1.train.SessionRunArgs(self._positions.after_step)
         return None
 
+    def follow(self, session, step: int) -> None:
+        """This process's next step is global step `step` (a synchronous worker that fell
+        behind skips the steps that went ahead without it): its input goes on at that
+        step's batch, not at the next of its own."""
+        if self._positions is not None or step == self._input_step:
+            return
+        position = self.progress.position(step)
+        left = self._batches_from(position)
+        self.batches = None if left is None else self._steps + left
+        self._data.begin(session, position, left)
+        self._input_step = step
+
     def after_run(self, run_context, run_values) -> None:
         if self._positions is None:
+            self._steps += 1
+            self._input_step += 1
             return
         self._latest = [int(p) for p in run_values.results]
         self._steps += 1

@@ -3,6 +3,7 @@ signals, placement trace, non-finite steps (the progress line is launch/runtime/
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -79,7 +80,8 @@ class DataEndHook(V1.train.SessionRunHook):
     out: that step never reaches after_run, and end() is called while it is in flight.
     Another queue closed under a step ends it the same way (a synchronous worker's token
     queue, which the chief closes as it stops), so the input counts as run out only
-    when the steps done have taken every batch it was started with.
+    when the steps done have taken every batch it was started with: never for an input
+    without an end (no data.epochs).
 
     batches: the batches this session's input was started with (None: no end), known
     once the session has started.
@@ -104,7 +106,7 @@ class DataEndHook(V1.train.SessionRunHook):
     def ran_out(self) -> bool:
         """Asked once the session has ended: it ended mid-step, on the end of its data."""
         batches = self._batches()
-        return self.in_step and (batches is None or self.steps >= batches)
+        return self.in_step and batches is not None and self.steps >= batches
 
 
 class StopOnSignalHook(V1.train.SessionRunHook):
@@ -115,16 +117,23 @@ class StopOnSignalHook(V1.train.SessionRunHook):
 
     unblock: an op that lets a step blocked on peers return (a synchronous worker
     waiting for a gradient a stopped worker will never send). When a stop request
-    finds a step running for more than BLOCKED_SECS, a thread runs it, again every
+    finds a step running for longer than blocked_after() (BLOCKED_SECS, or three times
+    the longest of this session's last steps after its first: a step that is slow, on a
+    loaded host or with a large model, is not blocked), a thread runs it, again every
     BLOCKED_SECS, until the step returns. Needs `stop` made with notify_threads.
     """
 
     BLOCKED_SECS = 2.0
+    RECENT_STEPS = 10
 
-    def __init__(self, stop: StopSignals, unblock: tf.Operation | None = None):
+    def __init__(self, stop: StopSignals, unblock: tf.Operation | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self._stop = stop
         self._unblock = unblock
+        self._clock = clock
         self._step_started: float | None = None
+        self._recent: collections.deque[float] = collections.deque(maxlen=self.RECENT_STEPS)
+        self._steps = 0  # of this session
         self._session = None  # the latest: MonitoredSession re-creates it after a lost ps
         self._ended = threading.Event()
 
@@ -133,14 +142,22 @@ class StopOnSignalHook(V1.train.SessionRunHook):
             threading.Thread(target=self._unblock_when_stopped, name="UnblockOnStop",
                              daemon=True).start()
         self._session = session
+        self._steps = 0
 
     def before_run(self, run_context):
-        self._step_started = time.monotonic()
+        self._step_started = self._clock()
 
     def after_run(self, run_context, run_values) -> None:
-        self._step_started = None
+        started, self._step_started = self._step_started, None
+        self._steps += 1
+        if started is not None and self._steps > 1:  # a session's first step waits for its peers
+            self._recent.append(self._clock() - started)
         if self._stop:
             run_context.request_stop()
+
+    def blocked_after(self) -> float:
+        """How long a step runs before a stop takes it for blocked on its peers."""
+        return max(self.BLOCKED_SECS, 3 * max(self._recent, default=0.0))
 
     def end(self, session) -> None:
         self._ended.set()
@@ -150,7 +167,7 @@ class StopOnSignalHook(V1.train.SessionRunHook):
             if not self._stop.arrived.wait(0.5):
                 continue
             started = self._step_started
-            if started is not None and time.monotonic() - started > self.BLOCKED_SECS:
+            if started is not None and self._clock() - started > self.blocked_after():
                 try:
                     self._session.run(self._unblock)
                 except (tf.errors.OpError, RuntimeError):

@@ -3,6 +3,7 @@ a Horovod rank. The loop asks its role; it never branches on which one it is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -41,10 +42,13 @@ class Role:
         return optimizer
 
     def hooks(self, ops: towers.TrainOps, data_end: DataEndHook,
-              phases: StepPhases | None = None) -> list[V1.train.SessionRunHook]:
+              phases: StepPhases | None = None,
+              follow: Callable[[object, int], None] | None = None,
+              ) -> list[V1.train.SessionRunHook]:
         """Extra hooks for this role's session, given the built training ops, the hook
-        that knows whether the input ran out (it runs before these) and the step phases
-        (to listen to)."""
+        that knows whether the input ran out (it runs before these), the step phases (to
+        listen to) and what starts the input at a global step's batch (follow(session,
+        step), for a step this process takes out of turn)."""
         return []
 
     def start_hooks(self, ops: towers.TrainOps) -> list[V1.train.SessionRunHook]:

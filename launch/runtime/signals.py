@@ -9,7 +9,9 @@ Python runs a signal handler in the main thread, between bytecodes: never while 
 thread waits inside TensorFlow (a synchronous step blocked on a peer that has
 stopped). `notify_threads=True` also tells other threads at once, through the
 interpreter's wakeup file descriptor, which the C-level handler writes as the signal
-arrives.
+arrives; `on_arrival` is then called from that thread, so a process whose main thread
+is stuck in a step that cannot finish still acknowledges the stop at once and can bound
+how long it takes (launch/runtime/stop_deadline.py).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ _done = False  # set by work_done
 
 
 def work_done(done: bool = True) -> None:
-    """Say that this process's work is done: its result is ready, and all that is left is
-    handing it over (a final metrics scrape, printing it) and exiting. A stop request
-    from then on has nothing left to stop; the command's own handler (launch.cli) lets
-    it pass, so the process still exits 0 with its result. `done=False`: a command
+    """Say that this process's work is done: its training session has ended, and all that
+    is left is its ending (reports to its peers, each bounded), handing its result over
+    (a final metrics scrape, printing it) and exiting. A stop request from then on has
+    nothing left to stop; the command's own handler (launch.cli) lets it pass, so the
+    process still exits with its result (it raised into whatever TensorFlow call the
+    ending was in: exit 1, or a wrong "before training started"). `done=False`: a command
     begins (in-process callers run several)."""
     global _done
     _done = done
@@ -62,6 +66,9 @@ class StopSignals:
         means "stop now", not "after the checkpoint".
     notify_threads: set `arrived` as soon as a signal arrives, even while the main
         thread is blocked in a C++ call (see the module docstring).
+    on_arrival: called once with the signal's name when the first one arrives, from
+        whichever thread notices it first (with notify_threads, a thread of its own
+        while the main thread is blocked): it must not raise.
     """
 
     def __init__(
@@ -70,19 +77,23 @@ class StopSignals:
         *,
         escalate: bool = False,
         notify_threads: bool = False,
+        on_arrival: Callable[[str], None] | None = None,
     ) -> None:
         self._on_stop = on_stop
         self._escalate = escalate
         self._notify_threads = notify_threads
+        self._on_arrival = on_arrival
         self._previous: dict[int, object] = {}
         self._wakeup: _WakeupReader | None = None
+        self._handled = False  # the main thread's handler has run
+        self._lock = threading.RLock()  # the handler may run on a thread inside _arrive
         self.received: str | None = None
         self.arrived = threading.Event()  # for other threads: a stop signal has arrived
 
     def __enter__(self) -> StopSignals:
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         if self._notify_threads:
-            self._wakeup = _WakeupReader(self.arrived)
+            self._wakeup = _WakeupReader(self._arrive)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -95,15 +106,26 @@ class StopSignals:
         return self.received is not None
 
     def _handle(self, signum: int, frame) -> None:
-        if self.received is not None:
+        if self._handled:
             if self._escalate:
                 self._restore()
                 raise KeyboardInterrupt
             return
-        self.received = signal.Signals(signum).name
-        self.arrived.set()
+        self._handled = True
+        self._arrive(signum)
         if self._on_stop is not None:
             self._on_stop(self.received)
+
+    def _arrive(self, signum: int) -> None:
+        """The first stop signal, noticed by the main thread's handler or the wakeup
+        thread, whichever comes first."""
+        with self._lock:
+            if self.received is not None:
+                return
+            self.received = signal.Signals(signum).name
+        self.arrived.set()
+        if self._on_arrival is not None:
+            self._on_arrival(self.received)
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():
@@ -112,11 +134,12 @@ class StopSignals:
 
 
 class _WakeupReader:
-    """Sets `event` when a stop signal arrives, from a thread reading the interpreter's
-    wakeup file descriptor (one byte per signal, written by the C-level handler)."""
+    """Calls `arrive` with the signal's number when a stop signal arrives, from a thread
+    reading the interpreter's wakeup file descriptor (one byte per signal, written by the
+    C-level handler)."""
 
-    def __init__(self, event: threading.Event) -> None:
-        self._event = event
+    def __init__(self, arrive: Callable[[int], None]) -> None:
+        self._arrive = arrive
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)  # set_wakeup_fd requires it
         self._replaced = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
@@ -132,8 +155,8 @@ class _WakeupReader:
                 return
             if not data:  # closed
                 return
-            if stops.intersection(data):
-                self._event.set()
+            for signum in stops.intersection(data):
+                self._arrive(signum)
 
     def close(self) -> None:
         signal.set_wakeup_fd(self._replaced)

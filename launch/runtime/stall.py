@@ -12,6 +12,7 @@ which workers have stopped reporting, which ps does not answer, ...).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +25,37 @@ from launch.runtime.input_watch import batches_taken, waits_for_input
 V1 = tf.compat.v1
 
 LOOK_EVERY_SECS = 0.5
+READ_WAIT_SECS = 3.0  # for the batch count's read (its own timeout is 2 s)
 # A look this much later than due: the process itself did not run in between (SIGSTOP,
 # a paused container or VM, a host starved of CPU), and nothing it waited for is to blame.
 SUSPENDED_AFTER_SECS = 2.0
 NO_BATCH = ("the step waits for its input: the input pipeline has given it no batch (a "
             "source that gives no data, or a reader that is stuck)")
+
+
+def no_batch_text(examples: int, example_bytes: int, memory_bytes: int | None) -> str:
+    """What a step without its batch waits for: its input, or, when the batch is too
+    large to assemble (more than half this host's memory), its size."""
+    batch = examples * example_bytes
+    if memory_bytes is None or batch <= memory_bytes / 2:
+        return NO_BATCH
+    return (f"the step waits for its input: its batch of {examples:,} examples "
+            f"({batch / 2**30:,.1f} GiB) is too large to assemble in this host's "
+            f"{memory_bytes / 2**30:,.1f} GiB of memory; lower train.batch_size (each process "
+            "assembles its own part of the global batch: more workers or ranks split it)")
+
+
+def example_bytes(*tensors: tf.Tensor) -> int:
+    """The bytes one example takes in a batch of `tensors` ([b, ...] each, the rest of
+    the shape known)."""
+    return sum(tensor.shape[1:].num_elements() * tensor.dtype.size for tensor in tensors)
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def stall_text(seconds: float, warning_secs: float, cause: str) -> str:
@@ -43,11 +70,13 @@ class StallWatch(V1.train.SessionRunHook):
     cause: what a step past its input waits for, asked from the watch's thread while
         stalled.
     abort: ends the process with the error (launch.hard_exit.exit_now).
+    no_batch: what a step without its batch waits for (no_batch_text).
     """
 
     def __init__(self, warning_secs: float, abort_secs: float | None,
                  cause: Callable[[], str], write: Callable[[str], None],
-                 abort: Callable[[TowersError], None]):
+                 abort: Callable[[TowersError], None], no_batch: str = NO_BATCH):
+        self._no_batch = no_batch
         self._warning = warning_secs
         self._abort_secs = abort_secs
         self._cause = cause
@@ -61,6 +90,7 @@ class StallWatch(V1.train.SessionRunHook):
         self._taken: tf.Tensor | None = None
         self._session = None
         self._finished = 0  # steps of this session
+        self._reading: threading.Thread | None = None
 
     def begin(self) -> None:
         self._taken = batches_taken(V1.get_default_graph())
@@ -120,7 +150,31 @@ class StallWatch(V1.train.SessionRunHook):
         return now
 
     def _what_it_waits_for(self) -> str:
-        if self._taken is not None and self._session is not None and waits_for_input(
-                self._session, self._taken, self._finished):
-            return NO_BATCH
+        if self._taken is not None and self._session is not None and self._waits_for_input():
+            return self._no_batch
         return self._cause()
+
+    def _waits_for_input(self) -> bool | None:
+        """Whether the stuck step has not got its batch, from a read of the session in a
+        thread of its own, at most READ_WAIT_SECS (None: no answer). The read can block
+        beyond its own timeout while the step is stuck (a Horovod rank in a collective
+        its peer never joins), and the watch, the stall's abort and a stop's deadline
+        must go on without it."""
+        if self._reading is not None and self._reading.is_alive():
+            return None  # the last read has not come back
+        answer: list[bool | None] = []
+        session, taken, finished = self._session, self._taken, self._finished
+        self._reading = threading.Thread(
+            target=lambda: answer.append(waits_for_input(session, taken, finished)),
+            name="StallWatchRead", daemon=True)
+        self._reading.start()
+        self._reading.join(READ_WAIT_SECS)
+        return answer[0] if answer else None
+
+    def waits_for(self) -> str:
+        """What this process waits for now, asked from any thread (a stop's deadline)."""
+        if self._session is None:
+            return "the training session has not started (it waits for its peers or the chief)"
+        if self._ended.is_set():
+            return "the session is closing (its final checkpoint, its peers' end of the job)"
+        return self._what_it_waits_for()

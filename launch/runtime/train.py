@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from launch import data, kernels, metrics
 from launch.config import JobConfig, TrainConfig
+from launch.errors import StopTimedOut
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
@@ -33,8 +34,9 @@ from launch.runtime.profile import ProfileHook, profile_dir
 from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals, work_done
-from launch.runtime.stall import StallWatch
+from launch.runtime.stall import StallWatch, example_bytes, host_memory_bytes, no_batch_text
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
+from launch.runtime.stop_deadline import StopDeadline
 from launch.runtime.timeline import TimelineHook, timeline_path
 from launch.runtime.training_graph import TrainingGraph, build_training_graph
 from launch.runtime.worker_positions import OthersPartsHook
@@ -54,6 +56,7 @@ class _Loop:
     data: DataPositionHook
     data_end: DataEndHook
     phases: StepPhases
+    stall: StallWatch
     loss_scale: LossScaleHook | None = None
 
 
@@ -80,16 +83,18 @@ def train(
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
     with held:
-        result = _train(job, plan, role, exporter, write)
-    work_done()  # a stop signal from now on meets a job that has ended
-    return result
+        return _train(job, plan, role, exporter, write)
 
 
 def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | None,
            write: Callable[[str], None]) -> dict:
     # Caught from when the session starts (until then the command's own handling
-    # applies: nothing is built that a stop could save).
-    stop = StopSignals(_announce_stop(write, role.writes), escalate=True, notify_threads=True)
+    # applies: nothing is built that a stop could save). Acknowledged as it arrives,
+    # even while the main thread is inside a step, and bounded by the deadline.
+    deadline = StopDeadline(job.train.stop_timeout_secs, lambda name: None)
+    announce = _announce_stop(write, role.writes)
+    stop = StopSignals(escalate=True, notify_threads=True,
+                       on_arrival=lambda name: (announce(name), deadline.arm(name)))
     where = plan.source.where()
     skipped = data.SkippedRecords(where, write, _skip_counter(exporter))
     graph = tf.Graph()
@@ -100,13 +105,19 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
+        deadline.expire = _stop_timed_out(
+            deadline, loop.stall, job.train.checkpoint_dir if role.writes else None)
         write(_startup_line(job, plan, built.ops.synchronized_statistics))
         note = _precision_note(job, plan, built.ops.train_op)
         if note:
             write(note)
         role.before_session(plan.session)
         with data.input_errors(where):
-            _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+            with deadline:
+                _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+    # A stop signal from now on meets a job that has ended: what is left is its ending
+    # (reports to its peers, bounded) and handing over its result.
+    work_done()
     result = _result(job, role, loop, stop)
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
@@ -139,6 +150,24 @@ def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | 
 def _announce_stop(write: Callable[[str], None], saves: bool) -> Callable[[str], None]:
     doing = "saving a checkpoint and stopping" if saves else "stopping after this step"
     return lambda name: write(f"received {name}: {doing}")
+
+
+def _stop_timed_out(deadline: StopDeadline, stall: StallWatch,
+                    checkpoint_dir: str | None) -> Callable[[str], None]:
+    """What ends a process whose stop did not take within train.stop_timeout_secs."""
+    def expire(name: str) -> None:
+        if checkpoint_dir is None:
+            kept = "a restart resumes from the chief's latest checkpoint"
+        else:
+            latest = tf.train.latest_checkpoint(checkpoint_dir)
+            kept = (f"a restart resumes from the latest, {latest}" if latest else
+                    "none was written: a restart begins again")
+        exit_now(StopTimedOut(
+            f"received {name} {deadline.secs:g} s ago (train.stop_timeout_secs) and the "
+            f"step under way has not finished: {stall.waits_for()}; ending without a final "
+            f"checkpoint: {kept}"))
+
+    return expire
 
 
 def _startup_line(job: JobConfig, plan: Plan, synchronized: int) -> str:
@@ -213,8 +242,10 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     )
     stop_at = StopAtStepHook(last, write, job.data.epochs)
     data_end = DataEndHook(lambda: data_position.batches)
+    no_batch = no_batch_text(plan.process_batch_size, example_bytes(
+        built.input.features, built.input.labels), host_memory_bytes())
     stall = StallWatch(cfg.stall_warning_secs, cfg.stall_abort_secs, role.stall_cause, write,
-                       exit_now)
+                       exit_now, no_batch)
     hooks = [
         *role.start_hooks(ops),
         data_position,  # before any hook asks where the job stops
@@ -224,7 +255,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         progress,
         role.stop_hook(stop),
         data_end,
-        *role.hooks(ops, data_end, phases),
+        *role.hooks(ops, data_end, phases, data_position.follow),
         stall,
     ]
     loss_scale = None
@@ -251,7 +282,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
-                 loss_scale)
+                 stall, loss_scale)
 
 
 def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,

@@ -158,8 +158,8 @@ class CollectiveRole(Role):
         return [BroadcastHook(self._group, self._task.is_chief, ops.sync_op,
                               lambda: PeerUnavailable(lost_peer(self._task)))]
 
-    def hooks(self, ops: towers.TrainOps, data_end,
-              phases=None) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end, phases=None,
+              follow=None) -> list[V1.train.SessionRunHook]:
         return [self.deadline]
 
     def stall_cause(self) -> str:

@@ -31,7 +31,7 @@ from launch.distributed.cluster import Task
 from launch.distributed.health.rank_reports import RankReports, rendezvous_url
 from launch.distributed.health.stop_vote import StopVoteHook
 from launch.distributed.health.stragglers import StragglerWatch
-from launch.errors import BadInput
+from launch.errors import BadInput, PeerUnavailable
 from launch.log import log
 from launch.metrics.throughput import job_examples_per_global_step
 from launch.runtime.plan import Plan, Share, make_plan
@@ -40,6 +40,9 @@ from launch.runtime.signals import StopSignals
 from launch.runtime.train import train as train_job
 
 V1 = tf.compat.v1
+
+# What Horovod's collectives raise, in every rank still running, once a rank has left.
+SHUT_DOWN = "Horovod has been shut down"
 
 INSTALL = (
     "horovod is not installed; install it with `make horovod` "
@@ -194,8 +197,8 @@ class HorovodRole(Role):
         # finished job run again then takes no step on any rank.
         return [BroadcastHook(self._hvd, ops.sync_op)]
 
-    def hooks(self, ops: towers.TrainOps, data_end,
-              phases=None) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end, phases=None,
+              follow=None) -> list[V1.train.SessionRunHook]:
         if self._reports is None:
             return []
         if phases is not None:
@@ -244,7 +247,15 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
         write(f"horovod {version()}: rank {rank.rank} of {rank.size}, "
               f"{plan.process_batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank, job, write, exporter)
-        return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
+        try:
+            return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
+        except tf.errors.OpError as err:
+            if SHUT_DOWN not in (err.message or ""):
+                raise
+            raise PeerUnavailable(
+                f"horovod: rank {rank.rank}'s collective failed: another rank has left the "
+                "job (Horovod has been shut down). Restart the job: training resumes from "
+                "the last checkpoint") from None
 
 
 def _check_stalls_after(seconds: float) -> None:

@@ -20,9 +20,11 @@
   takes it for its result: in an asynchronous job workers go on stepping while the
   job stops, so the step a worker last saw is not the step the job ended at.
 - Every worker, once its training session has closed (the chief's final
-  checkpoint written), puts its rank on a "finished" queue on every ps task; a
-  ps task exits when every worker has reported (the rest of its rules are in
-  launch/distributed/ps.py).
+  checkpoint written), puts its rank on a "finished" queue on every ps task (marked
+  when the job diverged); a ps task exits when every worker has reported (the rest of
+  its rules are in launch/distributed/arrangements/ps_worker/ps.py). A worker that
+  starts after the job diverged stops before its first step, exit status 3, as long
+  as the ps tasks are there to tell it: they wait for it (cluster.startup_timeout_secs).
 """
 
 from __future__ import annotations
@@ -72,6 +74,28 @@ class PeerDiverged(Diverged):
     """Another worker of the job diverged (its rank is in the message)."""
 
 
+def peer_diverged(rank: int) -> PeerDiverged:
+    return PeerDiverged(f"worker rank {rank} diverged (a NaN or infinite loss or gradient, "
+                        "not applied); every worker of the job stops")
+
+
+def diverged_before(task: Task) -> int | None:
+    """The rank of the worker whose divergence ended the job, if it has (None: it has
+    not, or ps 0 cannot say), read on ps 0 through its own server, bounded. For a worker
+    starting: one that starts after the job diverged learns it before it waits for the
+    chief, which has stopped."""
+    graph = tf.Graph()
+    with graph.as_default():
+        queue = diverged_queue()
+        size, which = queue.size(), queue.dequeue()
+    try:
+        if not run_on_ps(task, 0, graph, size, REPORT_TIMEOUT_MS):
+            return None
+        return int(run_on_ps(task, 0, graph, which, REPORT_TIMEOUT_MS))
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
+        return None
+
+
 class JobEndHook(V1.train.SessionRunHook):
     """Every worker's part in ending the job (see the module docstring).
 
@@ -91,8 +115,6 @@ class JobEndHook(V1.train.SessionRunHook):
         self._which_diverged = diverged.dequeue()
         self._signal_stop = stop.enqueue_many(tf.zeros([everyone], tf.int32))
         self._release = tf.group(*release)
-        ranks = tf.fill([everyone], tf.constant(task.worker_rank, tf.int32))
-        self.signal_diverged = tf.group(diverged.enqueue_many(ranks), *release)
         self._drain = [q.dequeue_many(q.size()) for q in (stop, diverged, final)]
         self.graph = tf.compat.v1.get_default_graph()
         self.peer_diverged: int | None = None
@@ -105,18 +127,23 @@ class JobEndHook(V1.train.SessionRunHook):
         with V1.Session(master, graph=self.graph, config=config) as sess:
             sess.run(self._drain)
 
+    def after_create_session(self, session, coord) -> None:
+        """A worker that starts after the job diverged stops before its first step."""
+        if session.run(self._sizes["diverged"]):
+            self._peer_diverged(session)
+
     def before_run(self, run_context):
         return V1.train.SessionRunArgs(self._sizes)
 
     def after_run(self, run_context, run_values) -> None:
         if run_values.results["diverged"]:
-            self.peer_diverged = int(run_context.session.run(self._which_diverged))
-            raise PeerDiverged(
-                f"worker rank {self.peer_diverged} diverged (a NaN or infinite loss or "
-                "gradient, not applied); every worker of the job stops"
-            )
+            self._peer_diverged(run_context.session)
         if run_values.results["stop"]:
             run_context.request_stop()
+
+    def _peer_diverged(self, session) -> None:
+        self.peer_diverged = int(session.run(self._which_diverged))
+        raise peer_diverged(self.peer_diverged)
 
     def end(self, session) -> None:
         out_of_data = self._data_end.ran_out
@@ -140,16 +167,18 @@ def release_tokens(session, release: tf.Operation) -> None:
         pass
 
 
-def tell_diverged(hook: JobEndHook, master: str, config: V1.ConfigProto) -> None:
-    """After this worker's session failed on a non-finite step: stop the others.
-
-    The training session is closed by then, so a fresh one runs the hook's op. A ps
-    that is gone cannot pass it on, and nothing can train without it anyway.
-    """
+def tell_diverged(task: Task) -> None:
+    """After this worker's session failed on a non-finite step: stop the others, whose
+    steps read the diverged queue on ps 0. Through ps 0's own server, bounded (through
+    this worker's, a session waits for a ps that has gone without end): a ps that is
+    gone cannot pass it on, and nothing can train without it anyway. A synchronous job
+    also wakes the workers waiting for a token (sync_replicas.wake_workers)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        ranks = tf.fill([task.num_workers], tf.constant(task.worker_rank, tf.int32))
+        tell = diverged_queue().enqueue_many(ranks)
     try:
-        with V1.Session(master, graph=hook.graph, config=config) as sess:
-            sess.run(hook.signal_diverged,
-                     options=V1.RunOptions(timeout_in_ms=REPORT_TIMEOUT_MS))
+        run_on_ps(task, 0, graph, tell, REPORT_TIMEOUT_MS)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         pass
 
@@ -163,7 +192,7 @@ def tell_final_step(task: Task, step: int) -> None:
     with graph.as_default():
         tell = final_step_queue().enqueue_many(tf.fill([task.num_workers - 1], step))
     try:
-        _run_on_ps(task, 0, graph, tell, REPORT_TIMEOUT_MS)
+        run_on_ps(task, 0, graph, tell, REPORT_TIMEOUT_MS)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
         pass
 
@@ -178,7 +207,7 @@ def final_step(task: Task, wait_secs: float) -> int | None:
     deadline = time.monotonic() + wait_secs
     while (left := deadline - time.monotonic()) > 0:
         try:
-            return int(_run_on_ps(task, 0, graph, take, int(min(left, 1.0) * 1000)))
+            return int(run_on_ps(task, 0, graph, take, int(min(left, 1.0) * 1000)))
         except tf.errors.DeadlineExceededError:
             continue
         except (tf.errors.UnavailableError, tf.errors.CancelledError):
@@ -186,22 +215,36 @@ def final_step(task: Task, wait_secs: float) -> int | None:
     return None
 
 
-def report_finished(task: Task, write: Callable[[str], None]) -> None:
-    """Tell every ps task this worker is done, after its training session."""
+def report_finished(task: Task, write: Callable[[str], None], diverged: bool = False) -> None:
+    """Tell every ps task this worker is done, after its training session; `diverged`:
+    it ended on a non-finite step, its own or another worker's (a ps then waits for the
+    workers still starting: launch/distributed/arrangements/ps_worker/ps.py)."""
     missed = 0
     for k in range(len(task.cluster["ps"])):
         graph = tf.Graph()
         with graph.as_default():
-            report = finished_queue(k).enqueue(tf.constant(task.worker_rank))
+            report = finished_queue(k).enqueue(tf.constant(report_value(task.worker_rank,
+                                                                        diverged)))
         try:
-            _run_on_ps(task, k, graph, report, REPORT_TIMEOUT_MS)
+            run_on_ps(task, k, graph, report, REPORT_TIMEOUT_MS)
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError):
             missed += 1
     if missed:
         write("could not report finished to every ps task; one has stopped already")
 
 
-def _run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
+def report_value(rank: int, diverged: bool) -> int:
+    """What a worker puts on the finished queues: its rank, or -1 - rank when the job
+    diverged."""
+    return -1 - rank if diverged else rank
+
+
+def read_report(value: int) -> tuple[int, bool]:
+    """(rank, the job diverged) from a value on a finished queue."""
+    return (-1 - value, True) if value < 0 else (value, False)
+
+
+def run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
     """Run `fetch`, ops on ps task `ps_index` alone, through that task's own server; the
     run waits at most wait_ms (DeadlineExceededError past it), opening and closing the
     session at most SESSION_TIMEOUT_MS each.

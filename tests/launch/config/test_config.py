@@ -100,6 +100,7 @@ train:
   phase_sample_secs: 1.0
   stall_warning_secs: 60.0
   stall_abort_secs: null
+  stop_timeout_secs: 20.0
   straggler_ratio: 1.5
   straggler_steps: 50
   straggler_min_secs: 0.02

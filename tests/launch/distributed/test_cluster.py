@@ -123,7 +123,7 @@ def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     hosts = tuple(f"10.0.1.{i}:2222" for i in range(workers))
     task = Task({"ps": (PS,), "worker": hosts}, "worker", 0)
     plan = worker_plan(job, task)
-    role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
+    role = WorkerRole(job, task, type("Server", (), {"target": ""})())
     with tf.Graph().as_default():
         build_training_graph(job, plan, role.wrap_optimizer)
         role.hooks(None, None)
@@ -159,7 +159,7 @@ def test_each_sync_worker_keeps_its_local_step_on_itself():
                      "train": {"batch_size": 64, "sync": True}, "towers": {"devices": 1}})
     task = Task({"ps": (PS,), "worker": (W0, W1)}, "worker", 1)
     plan = worker_plan(job, task)
-    role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
+    role = WorkerRole(job, task, type("Server", (), {"target": ""})())
     with tf.Graph().as_default():
         build_training_graph(job, plan, role.wrap_optimizer)
         local = [v for v in tf.compat.v1.local_variables() if "local_step" in v.op.name]

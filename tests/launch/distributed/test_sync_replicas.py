@@ -57,7 +57,7 @@ def test_building_a_sync_workers_hooks_leaves_threading_excepthook_alone():
     task = Task({"ps": ("10.0.0.1:2222",), "worker": ("10.0.1.0:2222", "10.0.1.1:2222")},
                 "worker", 0)
     plan = worker_plan(job, task)
-    role = WorkerRole(job, task, type("Server", (), {"target": ""})(), plan.session)
+    role = WorkerRole(job, task, type("Server", (), {"target": ""})())
     before = threading.excepthook
     with tf.Graph().as_default():
         build_training_graph(job, plan, role.wrap_optimizer)

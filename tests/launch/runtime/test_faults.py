@@ -78,6 +78,30 @@ def test_skip_policy_drops_poisoned_steps_and_gives_up_after_too_many_in_a_row(t
     assert assert_nothing_lost(ckpt, 20) == 20
 
 
+def test_a_worker_starting_after_the_chief_diverged_learns_it_and_exits_3_too(tmp_path):
+    """Asynchronous, 2 workers: the chief diverges at step 5 alone (worker 1 not yet
+    started), then worker 1 starts. It used to find the ps gone (the ps waited
+    cluster.shutdown_grace_secs for it, then left) and end 138, unable to learn why the
+    job ended; now the ps waits for it and it stops before its first step with 3."""
+    data = poisoned_csv(tmp_path / "d.csv", [5])
+    cluster = Cluster(tmp_path, [*job(tmp_path / "unused", 100, 2, *data),
+                                 "--set", "cluster.shutdown_grace_secs=2",
+                                 "--set", "cluster.startup_timeout_secs=45"], workers=2)
+    try:
+        ps = cluster.start("ps", "ps", 0)
+        chief = cluster.start("chief", "worker", 0)
+        assert chief.wait(timeout=120) == DIVERGED, chief.stderr[-3000:]
+        late = cluster.start("worker1", "worker", 1)
+        codes = [late.wait(timeout=120), ps.wait(timeout=60)]
+    finally:
+        cluster.stop()
+    assert codes == [DIVERGED, 0], (late.stderr[-3000:], ps.stderr[-2000:])
+    assert_one_clear_line(subprocess.CompletedProcess([], 3, "", late.stderr),
+                          "worker rank 0 diverged")
+    assert "towers: step " not in late.stderr  # it took no step
+    assert assert_nothing_lost(cluster.ckpt, 4) == 4
+
+
 # --- a damaged newest checkpoint ----------------------------------------------------------
 
 def test_a_damaged_newest_checkpoint_is_passed_over_for_the_newest_that_restores(tmp_path):
@@ -268,6 +292,29 @@ def test_a_disk_that_fills_mid_run_stops_the_job_with_one_line_and_keeps_the_che
     assert len(errors) == 1 and str(ckpt) in errors[0] and "model.ckpt-0" in errors[0], errors
     assert ("No space left on device" if how == "full" else "Permission denied") in errors[0]
     assert assert_nothing_lost(ckpt, 0) == 0
+
+
+def test_a_disk_full_as_the_job_starts_again_is_exit_4_with_one_line(tmp_path, small_disk):
+    # Its lock's name written into the full disk raised OSError: a traceback and exit 1
+    # (found by the soak, one seed 101: the job restarted as the disk filled).
+    disk, how = small_disk
+    ckpt = disk / "ckpt"
+    ok(run_in_process("train", *job(ckpt, 10)))
+    if how == "full":
+        fill(disk)
+    else:
+        ckpt.chmod(0o555)
+    try:
+        result = run_in_process("train", *job(ckpt, 20))
+    finally:
+        if (disk / "filler").exists():
+            os.remove(disk / "filler")
+    if how != "full":  # read-only: found before anything is built (exit 2)
+        assert result.returncode == 2, result.stderr[-3000:]
+        return
+    assert result.returncode == RESOURCE, result.stderr[-3000:]
+    assert_one_clear_line(result, str(ckpt), "No space left on device", "model.ckpt-10")
+    assert assert_nothing_lost(ckpt, 10) == 10
 
 
 # --- ps/worker: a ps lost ------------------------------------------------------------------

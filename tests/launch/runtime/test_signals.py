@@ -63,6 +63,20 @@ def test_a_stop_frees_a_step_blocked_on_peers_with_the_roles_unblock_op(graph):
     assert took > StopOnSignalHook.BLOCKED_SECS, took
 
 
+def test_a_step_counts_as_blocked_only_past_three_times_the_recent_longest():
+    # A slow step (a loaded host, a large model) is not one blocked on stopped peers:
+    # freeing it would hand its worker a token it did not earn.
+    now = [0.0]
+    hook = StopOnSignalHook(StopSignals(), clock=lambda: now[0])
+    hook.after_create_session(None, None)
+    for seconds in (30.0, 0.5, 4.0, 1.0):  # the first waits for the peers: not counted
+        hook.before_run(None)
+        now[0] += seconds
+        hook.after_run(type("Context", (), {"request_stop": lambda self: None})(), None)
+    assert hook.blocked_after() == 12.0
+    assert StopOnSignalHook(StopSignals()).blocked_after() == StopOnSignalHook.BLOCKED_SECS
+
+
 def test_without_a_stop_a_blocked_step_is_left_alone(graph):
     queue = tf.queue.FIFOQueue(10, [tf.int32], shapes=[[]])
     step = queue.dequeue()
@@ -95,6 +109,34 @@ def test_a_process_done_with_its_work_outlives_a_late_stop_request(monkeypatch):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_once_the_training_session_has_ended_a_stop_signal_meets_a_finished_job(tmp_path):
+    # After the session a worker still reports to its peers (Role.finish: TensorFlow
+    # calls, bounded): the command's own handler raised into them ("received SIGTERM
+    # before training started"; inside a TensorFlow call, exit 1 and a traceback, found
+    # by the soak, async seed 0). The work is done from the session's end on.
+    from launch.config import load_job
+    from launch.runtime import signals as signals_module
+    from launch.runtime.role import Role
+    from launch.runtime.train import train
+
+    done_when_finishing = []
+
+    class Recording(Role):
+        def finish(self, result: dict) -> dict:
+            done_when_finishing.append(signals_module.is_work_done())
+            return result
+
+    signals_module.work_done(False)
+    job = load_job(None, ["train.steps=1", "train.batch_size=4", "model.name=mlp",
+                          "model.hidden_units=[4]", "model.input_dim=4", "model.num_classes=2",
+                          "data.source=synthetic", f"train.checkpoint_dir={tmp_path / 'ckpt'}"])
+    try:
+        train(job, role=Recording(), write=lambda line: None)
+    finally:
+        signals_module.work_done(False)
+    assert done_when_finishing == [True]
 
 
 # A towers process whose interpreter takes its time to shut down (as one with

@@ -10,8 +10,9 @@ import time
 import tensorflow as tf
 
 from launch.errors import EXIT_PEER_UNAVAILABLE, Stalled
+from launch.runtime import stall
 from launch.runtime.input_watch import count_batches
-from launch.runtime.stall import NO_BATCH, StallWatch
+from launch.runtime.stall import NO_BATCH, StallWatch, example_bytes, no_batch_text
 
 V1 = tf.compat.v1
 
@@ -106,3 +107,47 @@ def test_a_process_that_did_not_run_says_so_and_blames_nothing_it_waits_for():
     assert len(lines) == 1  # its stall clock started again when it ran again
     watch.look(start + 32.6, start + 35.0)  # a real stall since: named as before
     assert lines[-1].startswith("no step has finished for 3 s") and len(lines) == 2
+
+
+def test_a_batch_too_large_to_assemble_is_named_as_the_cause():
+    # The default job (28x28x1 float32 images, int32 labels) at train.batch_size
+    # 100,000,000 on a host of 24 GiB: its input stalled for an hour, said to be "a
+    # source that gives no data, or a reader that is stuck".
+    with tf.Graph().as_default():
+        features = V1.placeholder(tf.float32, [None, 28, 28, 1])
+        labels = V1.placeholder(tf.int32, [None])
+        size = example_bytes(features, labels)
+    assert size == 28 * 28 * 4 + 4
+    assert no_batch_text(100_000_000, size, 24 * 2**30) == (
+        "the step waits for its input: its batch of 100,000,000 examples (292.4 GiB) is too "
+        "large to assemble in this host's 24.0 GiB of memory; lower train.batch_size (each "
+        "process assembles its own part of the global batch: more workers or ranks split it)")
+    assert no_batch_text(256, size, 24 * 2**30) == NO_BATCH
+    assert no_batch_text(100_000_000, size, None) == NO_BATCH
+
+
+class _SessionThatNeverAnswers:
+    def run(self, *args, **kwargs):
+        threading.Event().wait()  # as a Horovod rank's session, stuck in a collective
+
+
+def test_a_session_that_does_not_answer_does_not_hold_up_the_watch(monkeypatch):
+    # A Horovod rank in a collective its peer never joined: the read of its batch count
+    # blocked past its own timeout, and with it the stall lines, the stall's abort and a
+    # stop's deadline (found by the soak's uninterrupted Horovod run).
+    monkeypatch.setattr(stall, "READ_WAIT_SECS", 0.3)
+    lines = []
+    watch = StallWatch(0.5, None, lambda: "its peers", lines.append, lambda error: None)
+    with tf.Graph().as_default():
+        count_batches(tf.constant([1.0]), "/cpu:0")
+        watch.begin()
+    watch.after_create_session(_SessionThatNeverAnswers(), None)
+    watch.stop()  # the watch's own thread: this test looks itself
+    start = time.monotonic()
+    looking = threading.Thread(target=watch.look, args=(start + 0.6, start + 1.1), daemon=True)
+    looking.start()
+    looking.join(8)
+    assert not looking.is_alive(), "the watch waited for the session"
+    assert lines and lines[-1].endswith("): its peers")
+    assert watch.waits_for() == "the session is closing (its final checkpoint, its peers' end " \
+        "of the job)"

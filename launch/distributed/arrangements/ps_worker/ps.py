@@ -12,7 +12,7 @@ from launch.config import JobConfig
 from launch.distributed.arrangements.ps_worker.plan import worker_plan
 from launch.distributed.cluster import Task
 from launch.distributed.cluster.server import start_server
-from launch.distributed.health.ending import finished_queue
+from launch.distributed.health.ending import finished_queue, read_report
 from launch.distributed.health.liveness import Liveness, ps_rule
 from launch.log import log
 from launch.runtime.signals import StopSignals, ignore_from_now
@@ -84,18 +84,22 @@ def _serve(job: JobConfig, task: Task, stop: StopSignals, write: Callable[[str],
         dequeue = finished_queue(task.task_index).dequeue()
     reported: set[int] = set()
     first_report = None
+    diverged = False
     poll = V1.RunOptions(timeout_in_ms=500)
     workers = Liveness(_workers_by_rank(task), ps_rule(job.cluster), write)
     ending = _Ending(job.cluster, workers, write)
     with V1.Session(server.target, graph=graph, config=config) as sess:
         while len(reported) < task.num_workers:
             try:
-                reported.add(int(sess.run(dequeue, options=poll)))
+                rank, told_diverged = read_report(int(sess.run(dequeue, options=poll)))
+                reported.add(rank)
+                diverged = diverged or told_diverged
                 first_report = first_report or time.monotonic()
             except tf.errors.DeadlineExceededError:
-                workers.check()
+                if not diverged:  # then bounded by the wait for workers still starting
+                    workers.check()
             missing = sorted(set(range(task.num_workers)) - reported)
-            if missing and ending.should_end(missing, first_report, stop.received):
+            if missing and ending.should_end(missing, first_report, stop.received, diverged):
                 break
     return len(reported)
 
@@ -110,7 +114,7 @@ class _Ending:
         self._stop_since: float | None = None
 
     def should_end(self, missing: list[int], first_report: float | None,
-                   signal_name: str | None) -> bool:
+                   signal_name: str | None, diverged: bool = False) -> bool:
         now = time.monotonic()
         if signal_name is not None:
             if self._stop_since is None:
@@ -122,6 +126,14 @@ class _Ending:
                 return True
             return not self._any_answers(missing)
         waited = now - first_report if first_report else 0.0
+        if diverged:
+            # A worker still starting (a restart, a slow host) learns why the job ended
+            # only from the ps tasks: without them it would wait for them and end 138.
+            if waited <= self._cfg.startup_timeout_secs:
+                return False
+            self._write(f"workers {missing} did not report within {waited:.0f} s of the "
+                        "job's divergence (cluster.startup_timeout_secs); shutting down")
+            return True
         if waited <= self._cfg.shutdown_grace_secs:
             return False
         # A worker that still answers may be re-creating its session after a lost ps

@@ -16,6 +16,7 @@ from launch.distributed.health.ending import (
     JobEndHook,
     final_step,
     report_finished,
+    stop_queue,
     tell_diverged,
     tell_final_step,
 )
@@ -24,6 +25,7 @@ from launch.distributed.health.step_deadline import StepDeadline
 from launch.distributed.health.stragglers import StragglerWatch
 from launch.log import log
 from launch.runtime.role import Role
+from launch.runtime.signals import StopSignals
 
 V1 = tf.compat.v1
 
@@ -37,8 +39,8 @@ class WorkerRole(Role):
     deadline: the StepDeadline hook bounding every step.
     """
 
-    def __init__(self, job: JobConfig, task: Task, server, session: V1.ConfigProto,
-                 write: Callable[[str], None] = log, exporter: metrics.Exporter | None = None):
+    def __init__(self, job: JobConfig, task: Task, server, write: Callable[[str], None] = log,
+                 exporter: metrics.Exporter | None = None):
         super().__init__(
             master=server.target,
             is_chief=task.is_chief,
@@ -47,23 +49,25 @@ class WorkerRole(Role):
             stop_grace_secs=1.0,
         )
         self.label = task.label
-        self._job, self._task, self._session = job, task, session
+        self._job, self._task = job, task
         self._write = write
         self._sync: sync_replicas.SyncReplicas | None = None
         self._end: JobEndHook | None = None
         self._exporter = exporter
         self._reports: PeerReportHook | None = None
         self._stragglers: StragglerWatch | None = None
+        self._stop: StopSignals | None = None
         self.deadline = StepDeadline(job.cluster)
 
     def wrap_optimizer(self, optimizer: V1.train.Optimizer) -> V1.train.Optimizer:
         if not self._job.train.sync:
             return optimizer
-        self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers)
+        self._sync = sync_replicas.wrap(optimizer, self._task, self._job.train.backup_workers,
+                                        self._job.train.batch_size)
         return self._sync
 
-    def hooks(self, ops: towers.TrainOps, data_end,
-              phases=None) -> list[V1.train.SessionRunHook]:
+    def hooks(self, ops: towers.TrainOps, data_end, phases=None,
+              follow=None) -> list[V1.train.SessionRunHook]:
         release = None
         if self._sync is not None:
             release = self._sync.get_init_tokens_op(num_tokens=self._task.num_workers)
@@ -71,8 +75,13 @@ class WorkerRole(Role):
         reporting = [] if phases is None else [self._peer_reports(phases)]
         if self._sync is None:
             return [self._end, self.deadline, *reporting]
-        sync = sync_replicas.session_hook(self._sync, self._task.is_chief)
-        return [self._end, sync, self.deadline, *reporting]
+        sync = sync_replicas.session_hook(self._sync, self._task.is_chief,
+                                          self._task.num_workers)
+        turns = [] if follow is None else [sync_replicas.OneTokenPerRound(
+            self._sync, ops.global_step, stop_queue().size(), follow,
+            (self._job.cluster.startup_timeout_secs, self._job.cluster.operation_timeout_secs),
+            lambda: bool(self._stop))]
+        return [self._end, sync, *turns, self.deadline, *reporting]
 
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""
@@ -95,8 +104,14 @@ class WorkerRole(Role):
     def before_session(self, config: V1.ConfigProto) -> None:
         if self.is_chief:
             self._end.clear(self.master, config)
+            if self._sync is not None:
+                self._sync.clear(self.master, config)
         else:
             wait_for_chief(self.master, config, self.max_wait_secs)
+
+    def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
+        self._stop = stop  # asked for before hooks(): a stop ends a wait for a token too
+        return super().stop_hook(stop)
 
     def unblock_op(self) -> tf.Operation | None:
         """One token, for this worker's own blocked step (see StopOnSignalHook)."""
@@ -104,10 +119,12 @@ class WorkerRole(Role):
 
     def finish(self, result: dict) -> dict:
         """The job's last step in every worker's result (the chief's final checkpoint's),
-        then this worker's report to the ps tasks."""
+        then this worker's report to the ps tasks. A worker stopped by its own signal
+        does not wait for the chief's: the job may go on without it (a node preempted),
+        and its stop would wait cluster.shutdown_grace_secs for nothing."""
         if self.is_chief:
             tell_final_step(self._task, result["global_step"])
-        else:
+        elif result.get("stopped_by") != "signal":
             result = {**result, "global_step": self._final_step(result["global_step"])}
         report_finished(self._task, self._write)
         return {**result, "job": self._task.job_name, "task": self._task.task_index}
@@ -126,5 +143,7 @@ class WorkerRole(Role):
         """This worker's session ended on a non-finite step, its own or another's: make
         sure every worker stops, and tell the ps tasks this one is done."""
         if self._end is not None and self._end.peer_diverged is None:
-            tell_diverged(self._end, self.master, self._session)
-        report_finished(self._task, self._write)
+            tell_diverged(self._task)
+            if self._sync is not None:
+                sync_replicas.wake_workers(self._task, self._sync.token_ps())
+        report_finished(self._task, self._write, diverged=True)

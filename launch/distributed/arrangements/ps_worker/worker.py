@@ -14,6 +14,7 @@ in launch/hard_exit.py.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 import tensorflow as tf
@@ -26,7 +27,7 @@ from launch.distributed.arrangements.ps_worker.role import WorkerRole
 from launch.distributed.cluster import Task
 from launch.distributed.cluster.peers import wait_for_peers
 from launch.distributed.cluster.server import start_server
-from launch.distributed.health import liveness
+from launch.distributed.health import ending, liveness
 from launch.distributed.health.step_deadline import stuck_step
 from launch.errors import Diverged, PeerUnavailable
 from launch.log import log
@@ -42,13 +43,30 @@ def run_worker(job: JobConfig, task: Task, write: Callable[[str], None] = log) -
     with metrics.serve(job.metrics, identity, write) as exporter:
         plan = worker_plan(job, task)
         server = start_server(task, plan.session, write)
-        wait_for_peers(task.peers(), job.cluster.startup_timeout_secs, write)
+        _wait_for_peers(job, task, write)
         write(f"worker rank {task.worker_rank} of ranks 0-{task.num_workers - 1}: "
               f"{plan.process_batch_size} examples of every global batch of {job.train.batch_size} "
               f"(part {task.worker_rank + 1} of {task.num_workers})")
         with _watching_ps(task, job, write), _quiet_queue_runner(task, job):
-            role = WorkerRole(job, task, server, plan.session, write, exporter)
+            role = WorkerRole(job, task, server, write, exporter)
             return _train(job, task, plan, role, exporter, write)
+
+
+def _wait_for_peers(job: JobConfig, task: Task, write: Callable[[str], None]) -> None:
+    """Wait for the ps tasks, then (not the chief) for the chief, within one
+    cluster.startup_timeout_secs; a worker starting after the job diverged (the chief
+    has stopped) learns it from ps 0 in between, and stops with exit status 3."""
+    deadline = time.monotonic() + job.cluster.startup_timeout_secs
+    peers = task.peers()
+    ps_tasks = {name: address for name, address in peers.items() if name.startswith("ps ")}
+    wait_for_peers(ps_tasks, job.cluster.startup_timeout_secs, write)
+    if task.is_chief:
+        return
+    rank = ending.diverged_before(task)
+    if rank is not None:
+        ending.report_finished(task, write, diverged=True)
+        raise ending.peer_diverged(rank)
+    wait_for_peers(peers, max(0.0, deadline - time.monotonic()), write)
 
 
 def _watching_ps(task: Task, job: JobConfig,
