@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench, cli_arrangement, tune
+from launch import bench, cli_arrangement, startup, tune
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -213,8 +213,10 @@ def _start_tensorflow() -> None:
     command resolves the job's model, whose code is written for graph mode (it may build
     ops as it is imported), so each switches before resolving it, whether or not it
     goes on to build a graph itself."""
+    startup.mark_once("modules")
     quiet_tensorflow()
     use_graph_mode()
+    startup.mark_once("tensorflow")
 
 
 def _print_json(result: dict) -> None:
