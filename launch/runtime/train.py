@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from launch import data, kernels, metrics, startup
 from launch.config import JobConfig, TrainConfig
+from launch.devices import bfloat16_units
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
@@ -110,9 +111,9 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
         with data.input_errors(where):
             _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
     result = _result(job, role, loop, stop)
+    setup = Setup(callable(plan.param_device), plan.share.count, bfloat16_units(plan.devices))
     _report_phases(loop.phases, result, write, lambda shares: advice(
-        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
-        loop.phases.step_secs()))
+        shares, job, setup, role.stragglers(), loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
