@@ -36,9 +36,7 @@ INPUT_TOWERS = (1,)
 # row (each costs tens of seconds of process start-up on 2 cores).
 QUICK = {"towers": (1, 2), "steps": 10, "warmup": 5, "repeats": 3, "run_repeats": 1}
 
-# --startup: each whole `towers train` run of the job is this many steps, this many
-# runs of each change.
-STARTUP = {"steps": 20, "repeats": 3}
+STARTUP = {"steps": 20, "repeats": 3}  # --startup: steps a run, runs of each change
 
 # --profile: where without a directory, and how many steps of each row it traces.
 PROFILE_DIR = "runs/bench-profile"
@@ -218,13 +216,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--startup", action="store_true",
-        help="instead: where a `towers train` of the job (-c, --set; or --model, --batch) "
-        "spends its start-up and memory, stage by stage (seconds from exec, RSS), and "
-        "what each optional part (step-phase samples, summaries, checkpoints, the metrics "
-        "server, the input, variable copies, the host allocator) adds to its peak: "
-        f"--repeats runs (default {STARTUP['repeats']}) of --steps steps (default "
-        f"{STARTUP['steps']}) each, interleaved",
-    )
+        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
+        "and what each optional part adds to its peak (default: "
+        f"{STARTUP['repeats']} interleaved runs of {STARTUP['steps']} steps each)")
     parser.add_argument(
         "--memory", type=int, nargs="?", const=MEMORY_STEPS, metavar="STEPS",
         help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
