@@ -36,8 +36,6 @@ INPUT_TOWERS = (1,)
 # row (each costs tens of seconds of process start-up on 2 cores).
 QUICK = {"towers": (1, 2), "steps": 10, "warmup": 5, "repeats": 3, "run_repeats": 1}
 
-STARTUP = {"steps": 20, "repeats": 3}  # --startup: steps a run, runs of each change
-
 # --profile: where without a directory, and how many steps of each row it traces.
 PROFILE_DIR = "runs/bench-profile"
 PROFILE_STEPS = 5
@@ -215,11 +213,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "uint8) and JPEG TFRecords, on 1 device (or --towers), and each input alone",
     )
     parser.add_argument(
-        "--startup", action="store_true",
-        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
-        "and what each optional part adds to its peak (default: "
-        f"{STARTUP['repeats']} interleaved runs of {STARTUP['steps']} steps each)")
-    parser.add_argument(
         "--memory", type=int, nargs="?", const=MEMORY_STEPS, metavar="STEPS",
         help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
         f"STEPS (default {MEMORY_STEPS}) steps of towers train",
@@ -242,7 +235,7 @@ def settings_from_args(args: argparse.Namespace, job: JobConfig) -> Settings:
     (exit status 2) naming the first bad one."""
     quick = QUICK if args.quick else {}
     defaults = {**DEFAULTS, "towers": INPUT_TOWERS if args.input else DEFAULTS["towers"],
-                **quick, **(STARTUP if getattr(args, "startup", False) else {})}
+                **quick}
     name = args.model or job.model.name
     params = dict(job.model.params) if name == job.model.name else {}
     check_model(dataclasses.replace(job.model, name=name, params=params),

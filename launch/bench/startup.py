@@ -12,6 +12,8 @@ figures are medians.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -36,7 +38,24 @@ STAGE_TEXT = {
     "first_step": "the first step: activations, the kernels' buffers",
 }
 AS_WRITTEN = "the job as written"
+DEFAULTS = {"steps": 20, "repeats": 3}  # each run's steps, and the runs of each change
 NEVER = 10**9  # a step count no run reaches: 'only at the start and the end'
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """`towers bench --startup`."""
+    parser.add_argument(
+        "--startup", action="store_true",
+        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
+        "and what each optional part adds to its peak (default: "
+        f"{DEFAULTS['repeats']} interleaved runs of {DEFAULTS['steps']} steps each)")
+
+
+def with_defaults(settings: Settings, args: argparse.Namespace) -> Settings:
+    """The settings of --startup: its own defaults of --steps and --repeats."""
+    return dataclasses.replace(
+        settings, steps=args.steps if args.steps is not None else DEFAULTS["steps"],
+        repeats=args.repeats if args.repeats is not None else DEFAULTS["repeats"])
 
 
 @dataclass
