@@ -1,9 +1,9 @@
 """The `towers` command: parse the arguments, load the job once, run the command's handler.
 
 Commands: train, eval, validate, devices, ps, worker, evaluator, local-cluster,
-export, bench, tune, data convert. `towers bench` and `towers tune` are packages of
-their own, each defining its options and handler (add_arguments and run); the other
-commands' options and handlers are here.
+export, bench, tune, verify, data convert. `towers bench`, `towers tune` and
+`towers verify` are packages of their own, each defining its options and handler
+(add_arguments and run); the other commands' options and handlers are here.
 
 Exit status: 0 done; 1 an internal error (a bug: the traceback is shown);
 2 bad input (job file, flags, data, devices, checkpoint directory, ports), one
@@ -11,6 +11,7 @@ line on stderr and nothing written; 3 diverged (a non-finite loss or gradient,
 never applied; the latest checkpoint holds the last good weights); 4 a resource
 failed mid-run (a checkpoint could not be written; the previous one is intact);
 5 out of memory (one line: the device, the batch per tower, what to change);
+6 `towers verify` failed: the towers differ from one device beyond a tolerance;
 138 a peer task of a ps/worker job could not be reached in time (retryable:
 restart the task).
 """
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench, cli_arrangement, startup, tune
+from launch import bench, cli_arrangement, startup, tune, verify
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -37,6 +38,7 @@ from launch.cli_help import (
     EPILOG_TRAIN,
     EPILOG_TUNE,
     EPILOG_VALIDATE,
+    EPILOG_VERIFY,
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
 from launch.log import log, quiet_tensorflow, use_graph_mode
@@ -107,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_arguments(_job_command(commands, "tune",
                                     "find the fastest settings for the job on this machine",
                                     EPILOG_TUNE))
+    verify.add_arguments(_job_command(commands, "verify",
+                                      "check that the job's towers train as one device",
+                                      EPILOG_VERIFY))
     _data_parser(commands)
     timeline_command.add_parser(commands)
     return parser
@@ -144,6 +149,12 @@ def _eval_parser(commands) -> None:
         "data's order (one checkpoint)",
     )
     evaluate.add_argument(
+        "--averages",
+        action="store_true",
+        help="score the weight averages a job with train.moving_average_decay keeps, "
+        "instead of the weights",
+    )
+    evaluate.add_argument(
         "--timeout",
         type=float,
         metavar="SECS",
@@ -179,6 +190,9 @@ def _export_parser(commands) -> None:
                         help="the SavedModel directory to write (must not exist)")
     export.add_argument("--checkpoint", metavar="PATH",
                         help="checkpoint prefix or directory (default: train.checkpoint_dir)")
+    export.add_argument("--averages", action="store_true",
+                        help="serve the weight averages a job with "
+                        "train.moving_average_decay keeps, instead of the weights")
 
 
 def _data_parser(commands) -> None:
@@ -244,7 +258,7 @@ def _eval(args, job) -> int:
         raise BadInput("--predictions: scores one checkpoint; leave out --watch")
     with _serving(job, "eval") as exporter:
         _print_json(evaluate(job, args.checkpoint, args.watch, args.timeout, exporter=exporter,
-                             predictions=args.predictions))
+                             predictions=args.predictions, averages=args.averages))
     return EXIT_OK
 
 
@@ -285,7 +299,7 @@ def _validate(args, job) -> int:
 def _export(args, job) -> int:
     from launch.runtime.export import export
 
-    _print_json(export(job, args.out, args.checkpoint))
+    _print_json(export(job, args.out, args.checkpoint, averages=args.averages))
     return EXIT_OK
 
 
@@ -316,6 +330,7 @@ HANDLERS = {
     "local-cluster": _local_cluster,
     "bench": bench.run,
     "tune": tune.run,
+    "verify": verify.run,
     "data": data_command.run,
     "export": _export,
     "validate": _validate,

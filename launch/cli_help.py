@@ -35,6 +35,7 @@ EPILOG_EVAL = """examples:
   towers eval -c job.yaml --watch                 # each new checkpoint, until train.steps
   towers eval -c job.yaml --predictions preds.npy # also the predictions, in data order
   towers eval -c job.yaml --set eval.steps=10     # at most 10 batches of eval.batch_size
+  towers eval -c job.yaml --averages              # the weight averages (moving_average_decay)
 
 An evaluation scores every example of data.eval_path (else data.path) once, in
 batches of eval.batch_size, the last one partial; loss and metrics are means over
@@ -72,6 +73,7 @@ line on stdout is one JSON object describing what was written.
 examples:
   towers export -c job.yaml --out runs/served/1
   towers export -c job.yaml --out /tmp/model --checkpoint runs/convnet/model.ckpt-2000
+  towers export -c job.yaml --out runs/served/2 --averages   # serve the weight averages
   python -c "import tensorflow as tf; m = tf.saved_model.load('runs/served/1'); \
 print(m.signatures['serving_default'])"
 """
@@ -207,4 +209,27 @@ examples:
   towers tune -c job.yaml                            # writes job.tuned.yaml beside it
   towers tune -c job.yaml --budget 1200 --allow-precision --out fast.yaml
   towers train -c job.tuned.yaml
+"""
+
+EPILOG_VERIFY = """Trains the job's model for --steps steps on its first batches three times, in
+float64, from the same initial values: on one device (the whole batch at once), on
+one device again with each batch's examples reordered (the noise floor: what
+rounding alone does), and on the job's towers (towers.devices, variable_update,
+batch_norm, train.accumulate_steps) in this process. Dropout and other noise layers
+run at rate 0. Prints each variable's largest difference between the towers and one
+device beside its noise floor and tolerance, then one line: pass (exit 0) or fail
+(exit 6), naming the worst variable. Nothing is written.
+
+examples:
+  towers verify -c job.yaml                     # the job's towers, 5 steps
+  towers verify -c job.yaml --steps 20
+  towers verify -c job.yaml --set towers.devices=4 --set towers.batch_norm=sync
+  towers verify -c job.yaml --set train.batch_size=16   # smaller, faster
+  towers verify -c job.yaml --rtol 1e-8 --floor-factor 100
+
+A variable passes within max(rtol x its largest |value|, floor-factor x its noise
+floor). In float32 a correct job differs from one device by rounding alone, which
+deep models grow to 1e-4 and more in a few steps: float64 takes that out of the way
+(docs/model.md, "Check your port"). A job of several processes is checked as one
+process's towers.
 """

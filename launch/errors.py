@@ -10,6 +10,7 @@ the command line needs one `except` clause, and lower layers never import it.
     4 a resource failed mid-run (a checkpoint write); the previous checkpoint is intact
     5 out of memory: a device could not hold the step (the batch per tower too large);
         nothing was saved after the latest checkpoint
+    6 towers verify: the towers differ from one device beyond a variable's tolerance
     138 a peer task of a ps/worker job could not be reached in time, or no step
         finished for train.stall_abort_secs (retryable)
 """
@@ -22,6 +23,7 @@ EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_RESOURCE = 4
 EXIT_OUT_OF_MEMORY = 5
+EXIT_NOT_EQUIVALENT = 6
 # Retryable. 138 (128 + SIGUSR1) is the code Kubeflow's TFJob `restartPolicy:
 # ExitCode` reserves for a user-defined retryable error; it treats 1-127 as
 # permanent, so a small code here would never be retried there.

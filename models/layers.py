@@ -128,6 +128,8 @@ def batch_norm(
     Variables: beta, gamma (trainable), moving_mean, moving_variance (not
     trainable), each [channels] and float32 whatever x's type: the fused kernel
     takes a 16-bit x with float32 parameters and computes the statistics in float32.
+    (In towers verify's float64 all is float64, and plain ops stand in for the fused
+    kernel, which has no float64.)
 
     Training normalizes with the batch statistics and adds two assign ops,
     moving <- decay * moving + (1 - decay) * batch, to GraphKeys.UPDATE_OPS;
@@ -151,12 +153,14 @@ def batch_norm(
         )
         # The fused kernel wants NHWC; view [batch, channels] as [batch, 1, 1, channels].
         x4 = x if x.shape.rank == 4 else tf.reshape(x, [-1, 1, 1, channels])
-        if not is_training:
+        if not is_training and x.dtype == tf.float64:
+            y = _normalized(x4, moving_mean, moving_var, gamma, beta, epsilon)
+        elif not is_training:
             y, _, _ = v1.nn.fused_batch_norm(
                 x4, gamma, beta, moving_mean, moving_var, epsilon=epsilon, is_training=False
             )
         else:
-            if across is None:
+            if across is None and x.dtype != tf.float64:
                 y, mean, variance = v1.nn.fused_batch_norm(
                     x4, gamma, beta, epsilon=epsilon, is_training=True
                 )
@@ -172,12 +176,13 @@ def batch_norm(
 
 def _synchronized_batch_norm(
     x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float,
-    across: Callable[[tf.Tensor], tf.Tensor],
+    across: Callable[[tf.Tensor], tf.Tensor] | None,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """What fused_batch_norm returns in training, over the global batch: x [b, h, w, c]
-    normalized (in x's type, the statistics float32), the float32 mean [c] and the
-    variance [c] with Bessel's correction (n / (n - 1)), as the fused kernel gives it
-    for the moving statistics while normalizing with the biased one."""
+    """What fused_batch_norm returns in training, over the global batch (across None:
+    this batch): x [b, h, w, c] normalized (in x's type, the statistics float32, float64
+    for a float64 x), the mean [c] and the variance [c] with Bessel's correction
+    (n / (n - 1)), as the fused kernel gives it for the moving statistics while
+    normalizing with the biased one."""
     mean, variance, count = towers.batch_moments(x, [0, 1, 2], across)
     y = _normalized(x, mean, variance, gamma, beta, epsilon)
     corrected = variance * count / tf.maximum(count - 1.0, 1.0)
@@ -188,7 +193,10 @@ def _normalized(x: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor, gamma: tf.Te
                 beta: tf.Tensor, epsilon: float) -> tf.Tensor:
     """x [b, h, w, c] normalized by the given statistics [c] with the fused kernel (one
     pass over x, as in training; plain ops would be several), with a gradient that
-    reaches the statistics too: the kernel's own treats them as constants."""
+    reaches the statistics too: the kernel's own treats them as constants. A float64 x
+    (the kernel has no float64): plain ops, whose gradient TensorFlow takes."""
+    if x.dtype == tf.float64:
+        return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
 
     @tf.custom_gradient
     def normalized(x, mean, variance, gamma, beta):

@@ -6,6 +6,7 @@ Pure graph construction: no sessions, files, flags or servers in this package.
 This module is the package's whole public surface; callers import nothing deeper.
 """
 
+from towers.averages import AVERAGE_NAME, average_names
 from towers.batch_stats import BATCH_NORMS, CrossTowerSums
 from towers.batch_stats import moments as batch_moments
 from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
@@ -18,7 +19,7 @@ from towers.packing import pack_groups, packed
 from towers.phases import PHASES as STEP_PHASES
 from towers.phases import step_phase
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
-from towers.precision import GRADIENT_DTYPES, PRECISIONS, Precision
+from towers.precision import FLOAT64, GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.sharing import REPLICA_COPIES
 from towers.split import batch_shortfall, shard_sizes, split_batch
 from towers.train_op import EvalOps, TrainOps, build_eval_ops, build_train_op
@@ -34,7 +35,9 @@ from towers.variable_update import (
 
 __all__ = [
     "ALL_REDUCE",
+    "AVERAGE_NAME",
     "BATCH_NORMS",
+    "FLOAT64",
     "GRADIENT_DTYPES",
     "NONFINITE_GRADIENT",
     "NONFINITE_LOSS",
@@ -62,6 +65,7 @@ __all__ = [
     "VariableUpdate",
     "all_reduce_method",
     "as_tower_outputs",
+    "average_names",
     "batch_moments",
     "batch_shortfall",
     "broadcast_variables",

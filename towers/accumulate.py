@@ -44,7 +44,8 @@ class Step(NamedTuple):
     towers: micro-batch 0's towers, one per device: the variables and devices the
         update mode combines gradients for.
     built: every tower of every micro-batch (k * N), for the loss and metrics.
-    weights: each built tower's share of the global batch (float32 scalars, sum 1).
+    weights: each built tower's share of the global batch (scalars of the precision's
+        loss_dtype, sum 1).
     gradients: gradients[i][j], tower i's gradient for towers[i].trainable[j]: summed
         over the micro-batches, weighted, unscaled, in the precision's gradient dtype.
     """
@@ -85,7 +86,7 @@ def build_step(
         raise ValueError(f"accumulate_steps must be a positive integer, got {micro_batches!r}")
     with tf.name_scope("split_batch"):
         splits = split_micro_batches(features, labels, len(devices), micro_batches, positions)
-    weights = _example_weights(splits, home)
+    weights = _example_weights(splits, home, precision.loss_dtype)
     built: list[Tower] = []
     sums: list[list] = []
     made = MadeVariables()  # every micro-batch reads the Keras variables of the first
@@ -108,10 +109,12 @@ def build_step(
     return Step(first, built, weights, sent)
 
 
-def _example_weights(splits: list[list[Shard]], device: str) -> list[tf.Tensor]:
-    """Each shard's share of the global batch, float32 scalars summing to 1."""
+def _example_weights(splits: list[list[Shard]], device: str,
+                     dtype: tf.DType = tf.float32) -> list[tf.Tensor]:
+    """Each shard's share of the global batch, scalars of `dtype` (the towers' losses')
+    summing to 1."""
     with tf.device(device), tf.name_scope("example_weights"):
-        counts = [tf.cast(s.num_examples, tf.float32) for shards in splits for s in shards]
+        counts = [tf.cast(s.num_examples, dtype) for shards in splits for s in shards]
         total = tf.add_n(counts)
         return [c / total for c in counts]
 

@@ -34,7 +34,9 @@ Across processes (Horovod ranks) the merged statistics go through one more sum, 
 [n, n mean, M2 + n mean^2] in float64 (a sum, not a gather, so that a plain
 all-reduce is all a process needs; exact to float32 while the mean is within 10^4
 standard deviations of 0), and the backward's sums through one more sum. Statistics
-are float32 whatever the compute type.
+are float32 whatever the compute type, except of float64 values (towers verify's
+precision), which keep float64 throughout (the fused kernel has no float64: plain
+ops, the same two passes).
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class CrossTowerSums:
     def used(self) -> bool:
         """Whether any tower has combined a statistic across the towers."""
         return any(self._calls)
+
+    @property
+    def statistics(self) -> int:
+        """How many statistics (batch norms) tower 0 has combined across the towers."""
+        return self._calls[0]
 
     def for_tower(self, index: int) -> TowerSums:
         """What tower `index` calls; its k-th call meets every tower's k-th."""
@@ -217,10 +224,15 @@ def _own_moments(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     type, in two passes, as one device's batch norm computes them (its normalized
     output goes unused)."""
     channels = x.shape[-1]
+    dtype = tf.float64 if x.dtype == tf.float64 else tf.float32
     if x.shape[:-1].is_fully_defined():
-        count = tf.constant(float(x.shape[:-1].num_elements()))
+        count = tf.constant(float(x.shape[:-1].num_elements()), dtype)
     else:
-        count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32)
+        count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), dtype)
+    if dtype == tf.float64:
+        axes = list(range(x.shape.rank - 1))
+        mean = tf.reduce_mean(x, axes)
+        return count, mean, tf.reduce_sum(tf.square(x - mean), axes)
     empty = tf.constant([], tf.float32)
     _, mean, corrected, _, _, _ = tf.raw_ops.FusedBatchNormV3(
         x=_as_4d(x), scale=tf.ones([channels]), offset=tf.zeros([channels]), mean=empty,
@@ -233,7 +245,9 @@ def _affine(x: tf.Tensor, mean: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) 
     """(x - mean) * scale + offset, per channel [c] of x [..., c], in one pass over x
     (three in plain ops): the fused batch-norm kernel in inference mode computes
     (x - mean) * scale / sqrt(variance + epsilon) + offset, here with variance 0 and
-    epsilon 1."""
+    epsilon 1. float64 x: in plain ops (the kernel has no float64)."""
+    if x.dtype == tf.float64:
+        return (x - mean) * scale + offset
     y, *_ = tf.raw_ops.FusedBatchNormV3(
         x=_as_4d(x), scale=scale, offset=offset, mean=mean, variance=tf.zeros_like(mean),
         epsilon=1.0, is_training=False)
@@ -268,7 +282,7 @@ def _sum_over_processes(count: tf.Tensor, mean: tf.Tensor, m2: tf.Tensor,
     total = summed[0]
     mean64 = summed[1:1 + mean.shape[0]] / total
     m2_64 = summed[1 + mean.shape[0]:] - total * tf.square(mean64)
-    return tuple(tf.cast(t, tf.float32) for t in (total, mean64, m2_64))
+    return tuple(tf.cast(t, mean.dtype) for t in (total, mean64, m2_64))
 
 
 def _zeros_if_none(grad: tf.Tensor | None, like: tf.Tensor) -> tf.Tensor:

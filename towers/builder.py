@@ -4,6 +4,7 @@ compute on the tower's device, its variables handed out by towers.sharing."""
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -63,8 +64,8 @@ def build_towers(
         previous one's gradients).
     batch_sums: the sums across these towers for synchronized batch norm: Keras'
         BatchNormalization(synchronized=True) uses them, and with every_batch_norm
-        each tower's context carries them (TowerContext.batch_sum); None: one tower
-        and process, nothing to synchronize.
+        every Keras BatchNormalization does and each tower's context carries them
+        (TowerContext.batch_sum); None: one tower and process, nothing to synchronize.
     made: the variables made without get_variable in an earlier build of the same
         towers (a later micro-batch), handed out again; None: a new build.
     seed: the seed of the examples' own random draws (TowerContext.draws), for shards
@@ -75,18 +76,21 @@ def build_towers(
         raise ValueError(f"{len(shards)} shards for {len(devices)} devices")
     variables = TowerVariables(sharing, made, reuse_existing)
     towers: list[Tower] = []
+    every_batch_norm = bool(batch_sums and batch_sums.every_batch_norm)
     for i, (shard, device) in enumerate(zip(shards, devices, strict=True)):
         tower_sum = batch_sums.for_tower(i) if batch_sums else None
         draws = None if shard.positions is None else ExampleDraws(shard.positions, seed)
         ctx = TowerContext(i, len(devices), device, is_training, shard.num_examples,
                            precision.compute_dtype,
-                           tower_sum if batch_sums and batch_sums.every_batch_norm else None,
+                           tower_sum if every_batch_norm else None,
                            draws)
         graph = tf.compat.v1.get_default_graph()
         outer = graph.get_name_scope()
         name_scope = f"{outer}/tower_{i}/" if outer else f"tower_{i}/"
         first_op = len(graph.get_operations())
         with (
+            model_checks.own_placements() if i == 0 and not reuse_existing
+            else contextlib.nullcontext() as placed,
             variables.variable_scope(i, precision, name_scope),
             tf.compat.v1.name_scope(f"tower_{i}") as scope,
             tf.compat.v1.device(tower_device_fn(device, sharing.device(device))),
@@ -95,13 +99,15 @@ def build_towers(
             tf.control_dependencies(after[i] if after else []),
             tf.xla.experimental.jit_scope() if xla else contextlib.nullcontext(),
             precision.keras_layers(),
-            keras_sync.synchronized_moments(tower_sum),
+            keras_sync.synchronized_moments(tower_sum, every=every_batch_norm),
             keras_random.tower_seeds(i, shard.positions),
         ):
             features = precision.cast_features(shard.features)
             outputs = precision.cast_outputs(
                 as_tower_outputs(model_fn(features, shard.labels, ctx)))
         _check_scalar(outputs, i)
+        if placed:  # noted in a new build's tower 0 only: one warning, not one per tower
+            warnings.warn(model_checks.placement_warning(placed), UserWarning, stacklevel=4)
         made_ops = graph.get_operations()[first_op:]
         trainable = variables.trainable(i)
         if is_training and i == 0 and not reuse_existing:

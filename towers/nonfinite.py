@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from towers import state_updates
 from towers.loss_scale import LossScaler
 
 NONFINITE_POLICIES = ("apply", "raise", "skip")
@@ -53,7 +54,7 @@ def guarded_update(
     policy: str,
     apply: ApplyFn,
     pairs: list[tuple],
-    update_ops: list,
+    update_ops: list[tf.Operation],
     loss: tf.Tensor,
     norm: tf.Tensor,
     global_step: tf.Variable,
@@ -61,24 +62,25 @@ def guarded_update(
 ) -> Guarded:
     """The train op under `policy` (and the loss scale, if any).
 
-    update_ops: the model's state updates (tower 0's UPDATE_OPS), held back with
-    the update under "raise" and "skip".
+    update_ops: the step's state updates (towers.state_updates.work_ops of tower 0's),
+    run before the update in every policy (state_updates.first), and held back with it
+    under "raise" and "skip".
     """
     if scaler is not None:
         return _scaled_update(policy, apply, pairs, update_ops, loss, norm, global_step, scaler)
     if policy == "apply":
-        return Guarded(tf.group(apply(pairs), *update_ops, name="train_op"))
+        return Guarded(tf.group(_updated(apply, pairs, update_ops), name="train_op"))
     with tf.device(norm.device), tf.name_scope("check_finite"):
         all_finite = tf.logical_and(tf.math.is_finite(loss), tf.math.is_finite(norm))
     if policy == "raise":
         checks = _check_numerics(loss, norm)
-        checked = [(_after(checks, g), v) for g, v in pairs]
         with tf.control_dependencies(checks):
-            updates = [_reissue(op) for op in update_ops]
-        return Guarded(tf.group(apply(checked), *updates, name="train_op"), all_finite)
+            updates = state_updates.reissue(update_ops)
+        step = _updated(apply, pairs, updates, checks)
+        return Guarded(tf.group(step, name="train_op"), all_finite)
     return Guarded(*_apply_if_finite_or_skip(
-        all_finite, lambda: [apply(pairs), *map(_reissue, update_ops)], global_step
-    ))
+        all_finite, lambda: _updated(apply, pairs, state_updates.reissue(update_ops)),
+        global_step))
 
 
 def _scaled_update(policy, apply, pairs, update_ops, loss, norm, global_step,
@@ -94,18 +96,24 @@ def _scaled_update(policy, apply, pairs, update_ops, loss, norm, global_step,
             with tf.control_dependencies(_check_numerics(loss, not_overflow)):
                 finite = tf.identity(finite)
     step, applied = _apply_if_finite_or_skip(
-        finite, lambda: [apply(pairs), *map(_reissue, update_ops)], global_step)
+        finite, lambda: _updated(apply, pairs, state_updates.reissue(update_ops)),
+        global_step)
     train_op = tf.group(step, scaler.update(finite), name="train_op_and_loss_scale")
     return Guarded(train_op, applied, overflow)
 
 
-def _check_numerics(loss: tf.Tensor, norm: tf.Tensor) -> list[tf.Operation]:
-    """Ops failing with InvalidArgumentError when the loss or gradient norm is not finite.
+def _updated(apply: ApplyFn, pairs: list[tuple], updates: list[tf.Operation],
+             checks: list[tf.Operation] = ()) -> list[tf.Operation]:
+    """The update and the state updates, these first (towers.state_updates); the update
+    also after `checks`. The gradients wait, not the apply call, so ops that
+    apply_gradients makes for other purposes (a SyncReplicasOptimizer's token queue and
+    its initialisation) do not wait for a training step."""
+    return [apply(state_updates.first([*checks, *updates], pairs)), *updates]
 
-    They gate the gradients (not the apply call), so ops that apply_gradients
-    creates for other purposes (a SyncReplicasOptimizer's token queue and its
-    initialisation) do not wait for a training step.
-    """
+
+def _check_numerics(loss: tf.Tensor, norm: tf.Tensor) -> list[tf.Operation]:
+    """Ops failing with InvalidArgumentError when the loss or gradient norm is not
+    finite; they gate the gradients (_updated)."""
     with tf.device(norm.device), tf.name_scope("check_finite"):
         return [
             tf.debugging.check_numerics(loss, NONFINITE_LOSS).op,
@@ -118,7 +126,7 @@ def _apply_if_finite_or_skip(
 ) -> tuple[tf.Operation, tf.Tensor]:
     """tf.cond: the updates when all_finite, else only the global-step increment.
 
-    updates builds the apply op and tower 0's UPDATE_OPS issued again: the
+    updates builds the apply op and the step's state updates issued again: the
     originals were built in the towers, outside the cond, and would always run.
     Returns the train op and a bool scalar, whether the update was applied.
     """
@@ -133,29 +141,3 @@ def _apply_if_finite_or_skip(
 
     applied = tf.compat.v1.cond(all_finite, update, skip, name="apply_if_finite")
     return tf.group(applied, name="train_op"), applied
-
-
-def _after(checks: list[tf.Operation], grad):
-    """grad (a tensor or IndexedSlices) as a value that exists only once checks pass."""
-    with tf.control_dependencies(checks):
-        if isinstance(grad, tf.IndexedSlices):
-            return tf.IndexedSlices(tf.identity(grad.values), grad.indices, grad.dense_shape)
-        return tf.identity(grad)
-
-
-def _reissue(update) -> tf.Operation:
-    """A new op doing what `update` does (same type and inputs), made in the current context.
-
-    For the variable assignments a model adds to UPDATE_OPS (an op, or what
-    `assign` returns); anything else is refused rather than guessed at.
-    """
-    op = update if isinstance(update, tf.Operation) else update.op
-    make = getattr(tf.raw_ops, op.type, None)
-    args = op.op_def.input_arg
-    if make is None or any(a.number_attr or a.type_list_attr for a in args):
-        raise ValueError(
-            f"cannot guard update op {op.name} ({op.type}) against non-finite steps; "
-            "UPDATE_OPS must be variable assignments"
-        )
-    made = make(**{a.name: t for a, t in zip(args, op.inputs, strict=True)})
-    return made if isinstance(made, tf.Operation) else made.op

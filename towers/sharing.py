@@ -65,6 +65,10 @@ class VariableSharing:
         """Where the variables a tower on `tower_device` reads are placed."""
         raise NotImplementedError
 
+    def first_name(self, index: int, name: str) -> str:
+        """The name tower 0 asked for where tower `index` asks for `name`: the same."""
+        return name
+
     def later_variable(self, getter, index: int, original: tf.Variable, name: str,
                        *args, **kwargs) -> tf.Variable:
         """What tower `index` > 0 reads when it asks get_variable for tower 0's `name`.
@@ -121,6 +125,13 @@ class ReplicaCopies(VariableSharing):
 
     def device(self, tower_device: str) -> str:
         return tower_device
+
+    def first_name(self, index: int, name: str) -> str:
+        """A name made from one of tower i's copies (`tower_i/w/ExponentialMovingAverage`,
+        the shadow an ExponentialMovingAverage in the model makes for the copy of `w`)
+        is tower 0's made from the original: tower 0's state is the one kept."""
+        prefix = f"tower_{index}/"
+        return name[len(prefix):] if name.startswith(prefix) else name
 
     def later_variable(self, getter, index, original, name, *args, **kwargs):
         if not original.trainable:
@@ -291,6 +302,7 @@ class TowerVariables:
 
     def _hand_out(self, index: int, getter, name, *args, **kwargs):
         """A later tower's getter: only variables tower 0 made, as the sharing hands them out."""
+        name = self.sharing.first_name(index, name)
         if name not in self.first_vars:
             raise ValueError(
                 f"tower {index} asked for variable '{name}', which tower 0 did not create; "

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from towers import averages as averages_lib
 from towers import batch_stats
 from towers import nonfinite as nonfinite_lib
 from towers import precision as precision_lib
@@ -24,9 +25,10 @@ from towers.variable_update import VariableUpdate, resolve_variable_update
 class TrainOps(NamedTuple):
     """What the caller runs and watches.
 
-    train_op: one step: the update, the global-step increment and tower 0's state
-        updates (batch-norm moving statistics: UPDATE_OPS, and Keras layers' own,
-        towers.state_updates).
+    train_op: one step: the update, the global-step increment and the step's state
+        updates, which see the weights before the update (towers.state_updates: tower
+        0's batch-norm moving statistics, whatever else its model function added to
+        UPDATE_OPS or left for nothing to run, and the weight averages).
     loss: scalar, the example-weighted mean loss over the global batch.
     metrics: scalars, each the example-weighted mean of the towers' metric.
     global_step: the int64 step variable.
@@ -48,6 +50,10 @@ class TrainOps(NamedTuple):
         and metrics over its own shard, its predictions), float32, one per tower in
         the order of their shards in the global batch: tower i at i; with
         accumulate_steps k, micro-batch m's tower i at m * N + i.
+    synchronized_statistics: how many batch norms of a tower computed their statistics
+        across the towers (and processes) in a step's micro-batch; 0 where nothing
+        was synchronized (a single tower of a single process normalizes by its whole
+        batch with none).
     """
 
     train_op: tf.Operation
@@ -61,6 +67,7 @@ class TrainOps(NamedTuple):
     loss_scale: tf.Tensor | None = None
     overflow: tf.Tensor | None = None
     tower_outputs: tuple[TowerOutputs, ...] = ()
+    synchronized_statistics: int = 0
 
 
 class EvalOps(NamedTuple):
@@ -94,6 +101,7 @@ def build_train_op(
     batch_norm: str = "local",
     positions: tf.Tensor | None = None,
     seed: int = 0,
+    moving_average_decay: float | None = None,
 ) -> TrainOps:
     """Build a data-parallel training step over `devices`.
 
@@ -128,12 +136,16 @@ def build_train_op(
         processes given their part of a global batch with its positions, draw what one
         device draws for the whole batch. None: the model draws as it likes.
     seed: the seed of those draws.
+    moving_average_decay: keep an exponential moving average of each trainable variable
+        with this decay, beside it and in checkpoints (towers.averages; restore a model
+        from them with towers.average_names); None: none.
     """
     devices = _check_devices(devices)
     _check_optimizer(optimizer)
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive, got {clip_norm}")
     nonfinite_lib.check_policy(nonfinite)
+    averages_lib.check_decay(moving_average_decay)
     device_checks(devices)
     policy = precision_lib.resolve(precision)
     mode = resolve_variable_update(variable_update, param_device, devices)
@@ -158,10 +170,15 @@ def build_train_op(
     # batch statistics estimate the same population, so one tower's suffice, and
     # N towers assigning to one variable in the same step would race, costing
     # N-1 cross-device copies for nothing (as in tf_cnn_benchmarks).
+    updates = list(towers[0].state_updates)
+    if moving_average_decay is not None:
+        with tf.name_scope("weight_averages"):
+            updates += averages_lib.averaging(moving_average_decay, towers[0].trainable,
+                                              global_step)
     guarded = nonfinite_lib.guarded_update(
         nonfinite,
         lambda checked: mode.apply(optimizer, checked, global_step, towers),
-        pairs, towers[0].state_updates, loss, norm, global_step, scaler,
+        pairs, updates, loss, norm, global_step, scaler,
     )
     train_op = guarded.train_op
     if every_step:
@@ -171,7 +188,7 @@ def build_train_op(
     return TrainOps(train_op, loss, metrics, global_step, norm, sync_op,
                     _init_op(mode, towers, optimizer), guarded.applied,
                     scaler.value if scaler else None, guarded.overflow,
-                    tuple(t.outputs for t in step.built))
+                    tuple(t.outputs for t in step.built), sums[0].statistics if sums else 0)
 
 
 def build_eval_ops(
@@ -228,8 +245,8 @@ def _warn_unsynchronized(batch_norm: str, sums: list[CrossTowerSums]) -> None:
         warnings.warn(
             "batch_norm='sync': the model computed no statistic across the towers, so its "
             "batch norms, if any, normalize by each tower's own shard; compute their "
-            "moments with ctx.batch_moments (or use Keras' "
-            "BatchNormalization(synchronized=True)), or pass batch_norm='local'",
+            "moments with ctx.batch_moments (Keras' BatchNormalization layers are "
+            "synchronized already), or pass batch_norm='local'",
             UserWarning, stacklevel=3)
 
 

@@ -87,6 +87,14 @@ class PsWorkerRules(ArrangementRules):
     def check(self, job: JobConfig) -> None:
         one_copy_per_process(job, "ps/worker jobs keep variables on the ps tasks")
         no_sync_batch_norm(job, self)
+        if job.train.sync and job.train.moving_average_decay is not None:
+            # Every worker runs its step's state updates, and the chief's queue runner
+            # applies the update apart from any of them: no step of a worker is the
+            # job's one update.
+            raise Invalid("weight averages are not kept in a synchronous ps/worker job: each "
+                          "worker's step would move them; use an asynchronous job (train.sync: "
+                          "false), a collective or Horovod job, or in-process towers",
+                          "train.moving_average_decay", ["train.sync", "cluster.backend"])
 
     def fits(self, cluster: Collection[str]) -> str | None:
         return None if "ps" in cluster else "a ps/worker job needs at least one ps task"

@@ -197,6 +197,10 @@ class TrainConfig:
     # only after more than max_nonfinite_steps such steps in a row.
     on_nonfinite: str = _field("stop", choice("stop", "skip"))
     max_nonfinite_steps: int = _field(10, positive_int)
+    # An exponential moving average of each trainable variable, kept beside it and in
+    # checkpoints with this decay (e.g. 0.999); `towers eval --averages` and `towers
+    # export --averages` use them. null: none.
+    moving_average_decay: float | None = _field(None, optional(number(float, gt=0, lt=1)))
     # The least time between two steps traced for the step-phase shares (a sample that
     # costs more than 1% of it waits longer; 0: as often as that allows).
     phase_sample_secs: float = _field(1.0, number(float, ge=0))

@@ -160,15 +160,34 @@ class UserModelFn:
 
 
 def _mixed_types_hint(err: Exception, ctx: towers.TowerContext) -> str:
-    """What to do when a 16-bit value met a float32 one (a loss plus get_variable's
-    float32 regularization penalties, say), or "" for any other error."""
+    """What to do when values of two float types met in the model: a 16-bit one and a
+    float32 one (a loss plus get_variable's float32 regularization penalties, say), a
+    float64 variable the model made and the float32 features, or towers verify's
+    float64 and a float32 value the model made (or an op without float64); "" for any
+    other error."""
+    text = str(err)
+    if not isinstance(err, TypeError | ValueError) or "float32" not in text:
+        return ""
     compute = ctx.compute_dtype.name
-    if compute == "float32" or not isinstance(err, TypeError | ValueError):
+    if compute == "float32":
+        return _FLOAT32_FEATURES if "float64" in text else ""
+    if compute not in text:
         return ""
-    if compute not in str(err) or "float32" not in str(err):
-        return ""
+    if compute == "float64":
+        return _NO_FLOAT64_KERNEL if "not in list of allowed values" in text else \
+            _FLOAT32_IN_FLOAT64
     return (f" (the towers compute in {compute}: compute the loss in float32, casting the "
             f"logits, as regularization penalties and the built-in layers' losses are)")
+
+
+_FLOAT32_FEATURES = (" (towers feeds float features as float32, towers.precision's type, "
+                     "whatever the data holds: make the model's variables float32, or give "
+                     "them no dtype)")
+_FLOAT32_IN_FLOAT64 = (" (towers verify computes in float64: a value the model makes float32 "
+                       "itself, such as tf.constant(..., tf.float32), meets float64 ones; "
+                       "make it in ctx.compute_dtype)")
+_NO_FLOAT64_KERNEL = (" (towers verify computes in float64, and this op has no float64 "
+                      "kernel: verify cannot run the model as it is)")
 
 
 def _checked(result: Any, what: str):

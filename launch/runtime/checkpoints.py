@@ -8,10 +8,11 @@ import glob
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
+import towers
 from launch.config import TrainConfig, WarmStartConfig
 from launch.errors import BadInput, ResourceFailed
 
@@ -261,7 +262,8 @@ def _few(items: list[str], limit: int = 5) -> str:
 
 
 def warm_start(
-    cfg: WarmStartConfig, variables: Sequence[tf.Variable], write: Callable[[str], None]
+    cfg: WarmStartConfig, variables: Sequence[tf.Variable], write: Callable[[str], None],
+    fallback: Mapping[str, str] | None = None,
 ) -> None:
     """Initialise matching variables from another checkpoint (fine-tuning).
 
@@ -269,6 +271,8 @@ def warm_start(
     and no `exclude` regex, anywhere in its name. `rename` maps checkpoint name
     prefixes to model name prefixes. Only initialisation changes: resuming from
     the job's own checkpoint_dir still takes precedence.
+    fallback: {variable name: another's}: a variable the checkpoint lacks takes the
+    other's value there (a weight average starts from its weight).
     """
     path = resolve(cfg.path, "train.warm_start.path")
     stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
@@ -280,6 +284,8 @@ def warm_start(
         if any(re.search(p, name) for p in cfg.exclude):
             continue
         source = _checkpoint_name(name, cfg.rename)
+        if source not in stored and name in (fallback or {}):
+            source = _checkpoint_name(fallback[name], cfg.rename)
         if source not in stored:
             continue
         if list(stored[source]) != var.shape.as_list():
@@ -292,6 +298,28 @@ def warm_start(
         raise CheckpointError(f"train.warm_start: no variable of the model matches {path}")
     V1.train.init_from_checkpoint(path, assignment)
     write(f"warm start: {len(assignment)} variable(s) from {path}")
+
+
+def model_saver(averages: bool) -> V1.train.Saver:
+    """A saver restoring the model's variables; with `averages`, each trainable one from
+    its weight average (train.moving_average_decay, towers.average_names)."""
+    if not averages:
+        return V1.train.Saver()
+    trainable = {id(v) for v in V1.trainable_variables()}
+    names = {v.op.name: v for v in V1.global_variables() if id(v) not in trainable}
+    names.update(towers.average_names(V1.trainable_variables()))
+    return V1.train.Saver(var_list=names)
+
+
+def check_averages(path: str) -> None:
+    """--averages on a checkpoint that holds none: one line saying why."""
+    stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    wanted = towers.average_names(V1.trainable_variables())
+    missing = [name for name in wanted if name not in stored]
+    if missing:
+        raise CheckpointError(
+            f"--averages: {path} holds no weight averages ({_few(missing)} missing); they "
+            f"are kept while train.moving_average_decay is set")
 
 
 def _checkpoint_name(name: str, rename) -> str:

@@ -88,15 +88,15 @@ def _precision_line(job: JobConfig) -> str:
             f"float32; 'training' computes in {job.towers.precision})")
 
 
-def _build(job: JobConfig, plan: Plan,
-           skipped: data.SkippedRecords) -> tuple[towers.EvalOps, V1.train.Saver]:
+def _build(job: JobConfig, plan: Plan, skipped: data.SkippedRecords,
+           averages: bool) -> tuple[towers.EvalOps, V1.train.Saver]:
     features, labels = input_tensors(plan, batch_size=job.eval.batch_size,
                                      skipped=skipped)
     ops = towers.build_eval_ops(
         plan.model.model_fn, features, labels, plan.devices, param_device=plan.param_device,
         precision=plan.precision, xla=job.towers.xla,
     )
-    return ops, V1.train.Saver()
+    return ops, checkpoints.model_saver(averages)
 
 
 def _batches(sess: V1.Session, fetches, max_batches: int | None) -> Iterator:
@@ -160,6 +160,7 @@ def evaluate(
     exporter: metrics.Exporter | None = None,
     write: Callable[[str], None] = log,
     predictions: str | None = None,
+    averages: bool = False,
 ) -> dict:
     """Evaluate one checkpoint (default: the latest), or with watch=True each new one.
 
@@ -169,6 +170,8 @@ def evaluate(
     exporter: where to publish each result (None: not serving).
     predictions: with one checkpoint, also write the model's predictions for the
     examples scored to this .npy file.
+    averages: score each checkpoint's weight averages (train.moving_average_decay)
+    instead of its weights.
     """
     plan = _evaluating(make_plan(job), job)
     check_data(plan, training=False)
@@ -188,7 +191,7 @@ def evaluate(
         f"at {tower_batch(batch, len(plan.devices))} examples per tower (eval.batch_size "
         f"{batch} over {len(plan.devices)} tower(s))", "lower eval.batch_size")
     with graph.as_default(), data.input_errors(where), too_large:
-        ops, saver = _build(job, plan, skipped)
+        ops, saver = _build(job, plan, skipped, averages)
         if predictions and ops.predictions is None:
             raise checkpoints.CheckpointError(
                 f"--predictions: model {plan.model.name} returns no predictions "
@@ -196,7 +199,8 @@ def evaluate(
         write(_reading_line(job, plan, reads))
         if job.towers.precision != "float32":
             write(_precision_line(job))
-        scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write)
+        scorer = _Scorer(plan, ops, saver, reads, summary_dir, job.session, exporter, write,
+                         averages)
         result = scorer(path, predictions) if not watch else _watch(job, scorer, timeout, write)
     work_done()  # a stop signal from now on meets an evaluation that has ended
     return result
@@ -214,13 +218,18 @@ class _Scorer:
     session: SessionConfig
     exporter: metrics.Exporter | None
     write: Callable[[str], None]
+    averages: bool = False
 
     def __call__(self, path: str, predictions: str | None = None) -> dict:
         plan = self.plan
+        if self.averages:
+            checkpoints.check_averages(path)
         start = time.perf_counter()
         result = _score(plan, self.ops, self.saver, path, self.reads, predictions)
         result["examples_per_sec"] = result["examples"] / max(time.perf_counter() - start, 1e-9)
         result["checkpoint"] = path
+        if self.averages:
+            result["averages"] = True
         _write_summaries(self.summary_dir, result, ["loss", *self.ops.metrics])
         metrics.record_eval(self.exporter, result, len(plan.devices), self.session)
         shown = " ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float))

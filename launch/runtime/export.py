@@ -45,8 +45,10 @@ class ExportError(BadInput):
 
 
 def export(job: JobConfig, out: str, checkpoint: str | None = None,
-           write: Callable[[str], None] = log) -> dict:
-    """Write the SavedModel (and Keras weights) to `out`; returns what was written."""
+           write: Callable[[str], None] = log, averages: bool = False) -> dict:
+    """Write the SavedModel (and Keras weights) to `out`; returns what was written.
+    averages: the checkpoint's weight averages (train.moving_average_decay) as the
+    weights."""
     plan = make_plan(job)
     train_dir = job.train.checkpoint_dir
     path = checkpoints.resolve(checkpoint or train_dir,
@@ -67,9 +69,11 @@ def export(job: JobConfig, out: str, checkpoint: str | None = None,
                 f"towers.TowerOutputs(loss, metrics, predictions=...) from its model function"
             )
         _check_restorable(path)
+        if averages:
+            checkpoints.check_averages(path)
         keras = getattr(plan.model.model_fn, "keras_model", None)
         with V1.Session(graph=graph, config=plan.session) as sess:
-            V1.train.Saver().restore(sess, path)
+            checkpoints.model_saver(averages).restore(sess, path)
             builder = V1.saved_model.Builder(out)
             signature = V1.saved_model.predict_signature_def(
                 {"features": features}, {"predictions": ops.predictions})
@@ -91,6 +95,7 @@ def export(job: JobConfig, out: str, checkpoint: str | None = None,
         "inputs": {"features": [None, *spec.feature_shape]},
         "outputs": {"predictions": ops.predictions.shape.as_list()},
         "keras_weights": weights,
+        "averages": averages,
     }
 
 

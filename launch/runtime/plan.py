@@ -137,8 +137,24 @@ def resolve_model(job: JobConfig) -> models.Model:
     the one it declares, checked against what the data says it holds, or, for a
     model that declares none, the data's (launch.data.resolve_input_spec)."""
     model = modelref.resolve(job.model)
+    _check_feature_dtype(model)
     spec = data.resolve_input_spec(model.name, model.input_spec, job.data)
     return dataclasses.replace(model, input_spec=spec)
+
+
+def _check_feature_dtype(model: models.Model) -> None:
+    """A model declaring float64 features is refused: towers trains in float32 (or 16
+    bits), variables and checkpoints float32, and casts float features to that at the
+    towers' edge, so a model computing in float64 would meet float32 features (a type
+    error inside its first layer). Float64 data are read as float32 for any other model."""
+    spec = model.input_spec
+    if spec is not None and spec.feature_dtype == tf.float64:
+        raise modelref.ModelRefError(
+            f"{model.name}: its input_spec declares feature_dtype float64, which towers "
+            f"does not train in (towers.precision is float32 or a 16-bit mix, with float32 "
+            f"variables; float64 is towers verify's alone): declare feature_dtype float32 "
+            f"(float64 data are read as float32) and let the model's variables take the "
+            f"towers' type", "input_spec")
 
 
 def precision(cfg: TowersConfig) -> towers.Precision:

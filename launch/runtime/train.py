@@ -103,7 +103,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
             checkpoints.check_compatible(job.train.checkpoint_dir)
         loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
-        write(_startup_line(job, plan))
+        write(_startup_line(job, plan, built.ops.synchronized_statistics))
         note = _precision_note(job, plan, built.ops.train_op)
         if note:
             write(note)
@@ -144,15 +144,16 @@ def _announce_stop(write: Callable[[str], None], saves: bool) -> Callable[[str],
     return lambda name: write(f"received {name}: {doing}")
 
 
-def _startup_line(job: JobConfig, plan: Plan) -> str:
+def _startup_line(job: JobConfig, plan: Plan, synchronized: int) -> str:
+    """synchronized: how many batch norms the build synchronized across the towers."""
     where = "the ps tasks" if callable(plan.param_device) else plan.param_device
     return (
         f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
-        f"variables on {where} ({plan.sharing}); {_compute_text(job, plan)}"
+        f"variables on {where} ({plan.sharing}); {_compute_text(job, plan, synchronized)}"
     )
 
 
-def _compute_text(job: JobConfig, plan: Plan) -> str:
+def _compute_text(job: JobConfig, plan: Plan, synchronized: int) -> str:
     """'mixed_float16 (loss scale from 32768), 16-bit gradients, XLA, 4 micro-batches of 64
     examples, learning rate 0.2 (0.05 x 1024 / 256)': what the step computes and how."""
     parts = [job.towers.precision]
@@ -162,8 +163,11 @@ def _compute_text(job: JobConfig, plan: Plan) -> str:
         parts.append(f"gradients sent as {job.towers.gradient_dtype}")
     if job.towers.xla:
         parts.append("XLA")
-    if job.towers.batch_norm == "sync":
-        parts.append("batch norm synchronized over the global batch")
+    if job.towers.batch_norm == "sync" and synchronized:
+        # Said only of what was built: nothing synchronized is a warning line already.
+        parts.append(f"{synchronized} batch norm(s) synchronized over the global batch")
+    if job.train.moving_average_decay is not None:
+        parts.append(f"weight averages (decay {job.train.moving_average_decay:g})")
     steps = job.train.accumulate_steps
     if steps > 1:
         parts.append(f"{steps} micro-batches of {plan.process_batch_size // steps} examples "

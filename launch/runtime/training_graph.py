@@ -75,7 +75,9 @@ def build_training_graph(
     if wrap_optimizer is not None:
         optimizer = wrap_optimizer(optimizer)
     with told_as_lines(write):
-        ops = _build_train_op(job, plan, feed, optimizer, mode, global_step)
+        # Each example's dropout drawn from (seed, position).
+        ops = build_step(job, plan, feed.features, feed.labels, optimizer, mode, global_step,
+                         positions=feed.positions)
     ops = ops._replace(train_op=tf.group(ops.train_op, count_batches(feed.features, plan.host)))
     if positions is not None:
         ops = ops._replace(train_op=positions.advanced_by(ops.train_op))
@@ -85,7 +87,11 @@ def build_training_graph(
                                 *state.variables.values(),
                                 *V1.get_collection(checkpoints.RESTORED_APART))}
         model_vars = [v for v in V1.global_variables() if id(v) not in kept]
-        checkpoints.warm_start(job.train.warm_start, model_vars, write)
+        # A weight average the checkpoint lacks starts from its weight's value there.
+        averaged = {name: w.op.name
+                    for name, w in towers.average_names(V1.trainable_variables()).items()
+                    } if job.train.moving_average_decay else None
+        checkpoints.warm_start(job.train.warm_start, model_vars, write, averaged)
     saving = dict(max_to_keep=job.train.max_to_keep,
                   keep_checkpoint_every_n_hours=job.train.keep_checkpoint_every_n_hours,
                   save_relative_paths=True)
@@ -105,13 +111,18 @@ def asynchronous(job: JobConfig, plan: Plan) -> bool:
     return callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
 
 
-def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
-                    optimizer: V1.train.Optimizer, mode: towers.VariableUpdate,
-                    global_step: tf.Variable) -> towers.TrainOps:
+def build_step(job: JobConfig, plan: Plan, features: towers.Features, labels: tf.Tensor,
+               optimizer: V1.train.Optimizer, mode: towers.VariableUpdate,
+               global_step: tf.Variable, positions: tf.Tensor | None = None
+               ) -> towers.TrainOps:
+    """The job's training step over the plan's towers (towers.build_train_op with the job's
+    settings): the one place it is built, for training and for `towers verify`.
+    features [B, ...], labels [B, ...]: a global batch; positions: int64 [B], its
+    examples' positions in the data (None: the model draws its randomness as it likes)."""
     return towers.build_train_op(
         plan.model.model_fn,
-        feed.features,
-        feed.labels,
+        features,
+        labels,
         optimizer,
         plan.devices,
         variable_update=mode,
@@ -122,8 +133,9 @@ def _build_train_op(job: JobConfig, plan: Plan, feed: TrainingInput,
         accumulate_steps=job.train.accumulate_steps,
         xla=job.towers.xla,
         batch_norm=job.towers.batch_norm,
-        positions=feed.positions,  # each example's dropout drawn from (seed, position)
+        positions=positions,
         seed=job.train.seed,
+        moving_average_decay=job.train.moving_average_decay,
     )
 
 

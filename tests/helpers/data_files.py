@@ -115,3 +115,13 @@ def read_all(dataset) -> tuple[np.ndarray, np.ndarray]:
             except tf.errors.OutOfRangeError:
                 break
     return np.concatenate([x for x, _ in out]), np.concatenate([y for _, y in out])
+
+
+def write_four_class_npz(path, rows: int = 96, width: int = 16) -> np.ndarray:
+    """An npz of `rows` normal float32 feature rows whose class (0-3) is the signs of the
+    first two features: learnable by a small MLP. Returns the features."""
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(rows, width)).astype(np.float32)
+    labels = (features[:, 0] > 0).astype(np.int64) + 2 * (features[:, 1] > 0)
+    np.savez(path, features=features, labels=labels)
+    return features

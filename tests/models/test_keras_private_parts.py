@@ -44,3 +44,19 @@ def test_compiled_metrics_are_read_where_keras_keeps_them(metric):
             getattr(metric, "_fn_kwargs", None), dict), problem(
             "a mean metric no longer keeps its function in _fn and _fn_kwargs")
     assert len(keras_model.compiled_metrics(net)) == 1
+
+
+def test_batch_norm_moments_are_asked_for_where_towers_synchronizes_them():
+    # towers/keras_sync.py: BatchNormalization._moments(inputs, mask) asks for
+    # synchronized moments when the layer's `synchronized` is set, through the TensorFlow
+    # backend's _compute_moments_sync.
+    from keras.src.backend.tensorflow import nn
+    from keras.src.layers.normalization import batch_normalization
+
+    moments = getattr(batch_normalization.BatchNormalization, "_moments", None)
+    assert callable(moments) and list(inspect.signature(moments).parameters) == [
+        "self", "inputs", "mask"], problem("BatchNormalization._moments(inputs, mask) is gone")
+    assert "self.synchronized" in inspect.getsource(moments), problem(
+        "BatchNormalization._moments no longer reads self.synchronized")
+    assert callable(getattr(nn, "_compute_moments_sync", None)), problem(
+        "keras.src.backend.tensorflow.nn._compute_moments_sync is gone")

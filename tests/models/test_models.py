@@ -2,12 +2,15 @@
 between towers, leaves device placement to the builder; the registry rejects bad
 configurations with one clear line."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
 from helpers.sessions import without_rewriting
 
 import models
+import towers
 from models import layers
 from towers import TowerContext, TowerOutputs
 
@@ -217,15 +220,29 @@ def test_resnet_batch_norm_eval_adds_no_updates_and_reads_moving_statistics(grap
     assert abs(after - before) > 1e-3
 
 
-def test_batch_norm_layer(graph):
+def _variables_as(dtype: tf.DType):
+    """float32: get_variable as it is; float64: every float variable float64, as towers
+    verify's precision (towers.FLOAT64) makes them."""
+    if dtype == tf.float32:
+        return contextlib.nullcontext()
+    getter = towers.Precision(towers.FLOAT64).wrap_getter(
+        lambda get, name, *args, **kwargs: get(name, *args, **kwargs), "")
+    return v1.variable_scope("", custom_getter=getter)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_batch_norm_layer(graph, dtype):
     """Training: normalize by batch statistics and move the averages by 1 - decay.
-    Evaluation: normalize by the moving averages."""
-    x_value = np.random.default_rng(0).normal(3.0, 2.0, size=(8, 3)).astype(np.float32)
+    Evaluation: normalize by the moving averages. In float64 (towers verify's) too,
+    which the fused kernel does not compute."""
+    x_value = np.random.default_rng(0).normal(3.0, 2.0, size=(8, 3)).astype(dtype.name)
     x = tf.constant(x_value)
-    train_y = layers.batch_norm(x, is_training=True, decay=0.9, epsilon=1e-5, scope="bn")
+    with _variables_as(dtype):
+        train_y = layers.batch_norm(x, is_training=True, decay=0.9, epsilon=1e-5, scope="bn")
     updates = v1.get_collection(UPDATE_OPS)
-    with v1.variable_scope("", reuse=True):
+    with _variables_as(dtype), v1.variable_scope("", reuse=True):
         eval_y = layers.batch_norm(x, is_training=False, decay=0.9, epsilon=1e-5, scope="bn")
+    assert train_y.dtype == eval_y.dtype == dtype
     assert len(v1.get_collection(UPDATE_OPS)) == 2
     variables = {v.op.name: v for v in v1.global_variables()}
     mean, variance = variables["bn/moving_mean"], variables["bn/moving_variance"]

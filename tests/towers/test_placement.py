@@ -55,3 +55,31 @@ def test_greedy_balancer_keeps_large_variables_apart(graph):
     ops = [get_variable(f"v{i}", [n]).op for i, n in enumerate(sizes)]
     balancer = towers.GreedyByteBalancer(2)
     assert [balancer(op) for op in ops] == [0, 1, 0, 1, 0]
+
+
+def tutorial_placed_model(features, labels, ctx):
+    """Places its variables itself, as TensorFlow's CIFAR-10 tutorial does."""
+    with tf.device("/cpu:0"):
+        w = get_variable("w", [4, 3])
+    logits = tf.matmul(features, w, name="logits")
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels,
+                                                                         logits=logits))
+
+
+def test_a_models_own_placement_is_overruled_and_warned_once(graph, recwarn):
+    towers.build_train_op(tutorial_placed_model, tf.zeros([8, 4]), tf.zeros([8], tf.int32),
+                          momentum(), ["/cpu:1", "/cpu:2"], variable_update="replicated",
+                          accumulate_steps=2)
+    warned = [str(w.message) for w in recwarn if "places ops itself" in str(w.message)]
+    assert len(warned) == 1, warned
+    assert f"tf.device('/cpu:0') at {__file__}:" in warned[0]
+    # Each tower's copy and compute are on its own device all the same.
+    ops = {op.name: tf.DeviceSpec.from_string(op.device) for op in graph.get_operations()}
+    for tower in (0, 1):
+        assert ops[f"tower_{tower}/logits"].device_index == tower + 1
+    assert ops["tower_1/w"].device_index == 2
+
+
+def test_a_model_that_places_nothing_is_not_warned(graph, recwarn):
+    build_convnet(cpus(2))
+    assert not [w for w in recwarn if "places ops itself" in str(w.message)]

@@ -205,3 +205,31 @@ def test_a_loss_scale_is_for_float16_only():
         towers.Precision("mixed_bfloat16", loss_scale=towers.DynamicLossScale())
     with pytest.raises(ValueError, match="gradient_dtype must be one of"):
         towers.Precision(gradient_dtype="int8")
+
+
+def keras_synchronized(features, labels, ctx):
+    """A Keras dense layer and a synchronized batch norm, the loss in float32 (as a model
+    written for mixed precision computes it)."""
+    import keras
+
+    keras.src.utils.naming.reset_uids()
+    h = keras.layers.Dense(5, use_bias=False)(features)
+    h = keras.layers.BatchNormalization(synchronized=True, momentum=0.5)(h, training=True)
+    logits = keras.layers.Dense(3)(tf.tanh(h))
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+
+
+def test_float64_towers_equal_one_device_to_float64_rounding():
+    # FLOAT64 (towers verify's): every variable float64, Keras layers too, the moments
+    # of a synchronized batch norm and the towers' weights 4/10 and 3/10 (no float32 can
+    # hold them) as well: three towers on 10 examples land within float64's rounding.
+    batch = image_batches(models.InputSpec((4,), tf.float64, (), tf.int32, 3), 10, 1)[0]
+    run = dict(model_fn=keras_synchronized, batch=batch, steps=3, rate=0.3,
+               batch_norm="sync", variable_update="replicated")
+    start, one, _, _ = sgd_step(towers.Precision(towers.FLOAT64), **run)
+    _, three, _, _ = sgd_step(towers.Precision(towers.FLOAT64), cpus(3), initial=start, **run)
+    assert {v.dtype for v in start.values()} == {np.dtype(np.float64)}
+    for name in start:
+        assert np.abs(one[name] - start[name]).max() > 1e-2, name
+        np.testing.assert_allclose(three[name], one[name], atol=1e-14, rtol=0, err_msg=name)

@@ -6,6 +6,7 @@ the batch-norm outputs, the loss, every gradient and the moving statistics.
 """
 
 import functools
+import warnings
 
 import keras
 import numpy as np
@@ -251,11 +252,25 @@ def test_keras_synchronized_batch_norm_normalizes_by_the_whole_batch(mode):
     assert max(keras_largest_differences(True, "local", 3, mode)) < 1e-5
 
 
-def test_a_plain_keras_batch_norm_keeps_its_towers_statistics_under_sync():
-    # Keras' definition of synchronized=False; the built-in batch norm follows the job.
-    # Nothing was synchronized, and the caller is told so.
+def test_a_plain_keras_batch_norm_is_synchronized_by_batch_norm_sync():
+    # batch_norm="sync" synchronizes every batch norm, a Keras model's plain ones too (a
+    # keras.applications model has nothing else), with nothing to warn about.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert max(keras_largest_differences(False, "sync", 2)) < 1e-5
+
+
+def test_a_plain_keras_batch_norm_keeps_its_towers_statistics_under_local():
+    assert keras_largest_differences(False, "local", 2)[1] > 1e-3
+
+
+def test_sync_with_no_batch_norm_to_synchronize_is_told():
+    def no_batch_norm(features, labels, ctx):
+        logits = layers.dense(layers.global_avg_pool(features), 3, scope="logits")
+        return towers.TowerOutputs(layers.softmax_cross_entropy(logits, labels))
+
     with pytest.warns(UserWarning, match="batch_norm='sync': the model computed no statistic"):
-        assert keras_largest_differences(False, "sync", 2)[1] > 1e-3
+        train(no_batch_norm, cpus(2), [batch(10)], batch_norm="sync")
 
 
 def test_on_gpus_each_towers_statistics_are_summed_on_its_own_gpu(graph):

@@ -111,3 +111,12 @@ def test_validate_checks_the_arrangement_the_job_file_names(cluster, setting):
     result = run_in_process("validate", *cluster, "--set", setting)
     assert result.returncode == 2
     assert f"{setting.partition('=')[0]}:" in result.stderr
+
+
+def test_weight_averages_are_refused_in_a_synchronous_ps_worker_job_only():
+    averages = ["train.moving_average_decay=0.99", "cluster.backend=ps_worker"]
+    load_job(None, averages)  # asynchronous: each worker's step is one update
+    with pytest.raises(ConfigError) as raised:
+        load_job(None, [*averages, "train.sync=true"])
+    assert raised.value.key == "train.moving_average_decay"
+    assert "each worker's step would move them" in raised.value.message

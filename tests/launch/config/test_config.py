@@ -96,6 +96,7 @@ train:
   backup_workers: 0
   on_nonfinite: stop
   max_nonfinite_steps: 10
+  moving_average_decay: null
   phase_sample_secs: 1.0
   stall_warning_secs: 60.0
   stall_abort_secs: null

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import cpu_session_config
+from helpers.commands import run_in_process
 
 import models
 import towers
@@ -254,3 +255,48 @@ def test_an_undeclared_input_is_read_from_npz_data(tmp_path):
     builtin = dataclasses.replace(job, data=from_dict({}).data)
     with pytest.raises(DataError, match="declares no input_spec and data.source builtin"):
         resolve_model(builtin)
+
+
+FLOAT64_FILE = '''
+import tensorflow as tf
+
+
+def declared(features, labels, ctx):
+    return tf.reduce_mean(features)
+
+
+declared.input_spec = {"feature_shape": [4], "feature_dtype": "float64", "num_classes": 3}
+
+
+def float64_weights(features, labels, ctx):
+    w = tf.compat.v1.get_variable("w", [4, 3], tf.float64)
+    return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, tf.matmul(features, w))
+'''
+
+
+def test_a_model_declaring_float64_features_is_refused_in_one_line_naming_the_key(tmp_path):
+    # towers trains in float32 (variables, checkpoints, the features cast at the towers'
+    # edge): a float64 model would meet float32 features inside its first layer.
+    name, folder = user_module(tmp_path, FLOAT64_FILE)
+    np.savez(tmp_path / "d.npz", features=np.zeros((8, 4), np.float64),
+             labels=np.arange(8) % 3)
+    ckpt = tmp_path / "ckpt"
+    result = run_in_process("train", "--set", f"model.name={name}:declared",
+                            "--set", f"model.path={folder}", "--set", "data.source=npz",
+                            "--set", f"data.path={tmp_path / 'd.npz'}",
+                            "--set", f"train.checkpoint_dir={ckpt}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"towers: error: <built-in job>: {name}:declared: its input_spec declares "
+        "feature_dtype float64, which towers does not train in (towers.precision is float32 "
+        "or a 16-bit mix, with float32 variables; float64 is towers verify's alone): "
+        "declare feature_dtype float32 (float64 data are read as float32) and let the "
+        "model's variables take the towers' type"]
+    assert not ckpt.exists()
+
+
+def test_a_model_making_float64_variables_is_told_the_features_are_float32(tmp_path):
+    name, folder = user_module(tmp_path, FLOAT64_FILE)
+    with pytest.raises(ModelCodeError, match="TypeError.*towers feeds float features as "
+                                             "float32, towers.precision's type"):
+        build_in("float32", resolve(f"{name}:float64_weights", job_dir=folder))

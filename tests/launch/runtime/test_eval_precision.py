@@ -6,6 +6,7 @@ in the job's 16 bits, and says the scores then differ from the export's."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.data_files import write_four_class_npz
 
 from launch.config import from_dict
 from launch.runtime.evaluate import evaluate
@@ -17,10 +18,7 @@ from launch.runtime.train import train
 def bfloat16_job(tmp_path_factory):
     """A digits-sized MLP trained 20 steps in mixed_bfloat16 on an npz, and its export."""
     work = tmp_path_factory.mktemp("bf16")
-    rng = np.random.default_rng(0)
-    features = rng.normal(size=(96, 16)).astype(np.float32)
-    labels = (features[:, 0] > 0).astype(np.int64) + 2 * (features[:, 1] > 0)
-    np.savez(work / "d.npz", features=features, labels=labels)
+    features = write_four_class_npz(work / "d.npz")
     raw = {"model": {"name": "mlp", "input_dim": 16, "hidden_units": [32], "num_classes": 4},
            "data": {"source": "npz", "path": str(work / "d.npz")},
            "towers": {"devices": 2, "precision": "mixed_bfloat16"},

@@ -48,8 +48,33 @@ def test_a_sync_jobs_checkpoint_resumes_with_local_batch_norm(tmp_path):
         lines = []
         result = run(tmp_path / "ckpt", steps, batch_norm, lines)
         assert (result["global_step"], result["steps_run"]) == (steps, 2)
-        synchronized = "batch norm synchronized over the global batch" in lines[0]
+        synchronized = "1 batch norm(s) synchronized over the global batch" in lines[0]
         assert synchronized == (batch_norm == "sync"), lines[0]
+
+
+KERAS_BN_MODEL = '''
+import keras
+
+def build():
+    net = keras.Sequential([keras.layers.Conv2D(4, 3), keras.layers.BatchNormalization(),
+                            keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+    net.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return net
+
+build.input_spec = {"feature_shape": (8, 8, 3), "num_classes": 3}
+'''
+
+
+def test_sync_synchronizes_a_keras_models_plain_batch_norm_and_says_so(tmp_path):
+    (tmp_path / "keras_bn.py").write_text(KERAS_BN_MODEL)
+    raw = {**BN_JOB, "model": {"name": "keras_bn:build", "path": str(tmp_path)},
+           "towers": {**BN_JOB["towers"], "batch_norm": "sync"},
+           "train": {"batch_size": 8, "steps": 1, "checkpoint_dir": str(tmp_path / "c")}}
+    lines = []
+    train(from_dict(raw), write=lines.append)
+    start = next(line for line in lines if line.startswith("model keras_bn:build"))
+    assert "1 batch norm(s) synchronized over the global batch" in start, start
+    assert not [line for line in lines if line.startswith("warning: ")], lines
 
 
 def test_a_ps_worker_job_refuses_sync_batch_norm_naming_the_key():
@@ -105,6 +130,8 @@ def test_sync_batch_norm_that_synchronized_nothing_is_a_warning_line_naming_the_
     assert warned == [
         "warning: towers.batch_norm: sync: the model computed no statistic across the towers, "
         "so its batch norms, if any, normalize by each tower's own shard; compute their "
-        "moments with ctx.batch_moments (or use Keras' BatchNormalization(synchronized=True)), "
-        "or set towers.batch_norm: local"], lines
+        "moments with ctx.batch_moments (Keras' BatchNormalization layers are synchronized "
+        "already), or set towers.batch_norm: local"], lines
+    start = next(line for line in lines if line.startswith("model mlp"))
+    assert "synchronized" not in start, start  # the start-up line does not claim it
     assert not [w for w in recwarn if "batch_norm" in str(w.message)]
