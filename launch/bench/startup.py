@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from launch.bench.runs import RunFailed, failure_reason, stop_group, towers_command
 from launch.bench.settings import Settings
+from launch.bench.throughput import PEER
 from launch.config import JobConfig
 from launch.startup import STAGES
 from launch.tf_process import BFC_ENV
@@ -203,8 +204,7 @@ def startup_report(settings: Settings, job: JobConfig, write: Callable[[str], No
                f"medians; {machine()}")
     report = "\n\n".join([
         heading, stages_table(found[0].runs), changes_table(found),
-        "tf_cnn_benchmarks (TensorFlow's own tower trainer) on the same resnet20 jobs: "
-        "BENCHMARKS.md, 'Memory and start-up against tf_cnn_benchmarks'."])
+        PEER])
     if settings.out:
         os.makedirs(settings.out, exist_ok=True)
         with open(os.path.join(settings.out, "startup.json"), "w") as f:
