@@ -88,10 +88,11 @@ class TfRecord(Source):
         CHECK_RECORDS of each), naming the file and record of a bad one."""
         paths, files = self.paths(training), self.files(training)
         where = describe(paths, files)
+        schema = self.record_schema(files, spec, where)
+        clean = check_tfrecord_files(files, schema, where, skip=self.skips())
         if training:
-            self.index()  # kept beside the files, it says whether one changed since
-        check_tfrecord_files(files, self.record_schema(files, spec, where), where,
-                             skip=self.skips())
+            self.index()  # kept beside the files (once their records are known sound)
+        checked_records.remember(clean, schema)  # by the kept index's state of each
 
     def index(self) -> RecordIndex:
         """Where each training record starts (read once: launch.data.record_index)."""
@@ -219,14 +220,15 @@ def records_of(name: str) -> Iterator[bytes]:
 
 
 def check_tfrecord_files(files: list[str], schema: RecordSchema, where: str,
-                         skip: bool = False) -> int:
+                         skip: bool = False) -> dict[str, int]:
     """Read every record of ``files`` (the reader checks their CRCs) and check each
     against ``schema``, decoding the images of the first CHECK_RECORDS of each file;
     a file checked clean at an earlier start and unchanged since is not read again
     (launch.data.checked_records).
     A bad record is a DataError naming its file and record, unless ``skip``: then the
-    pipeline leaves it out. Returns the count of good records; none is a DataError
-    naming ``where``."""
+    pipeline leaves it out; no good record in any file is a DataError naming ``where``.
+    Returns the files read now and found clean, with their record counts, for
+    launch.data.checked_records to remember."""
     before = checked_records.recalled(files, schema)
     good, bad, first_bad, encoded = sum(before.values()), 0, None, []
     clean = {}
@@ -253,8 +255,7 @@ def check_tfrecord_files(files: list[str], schema: RecordSchema, where: str,
     if not good:
         raise DataError(f"{where}: no examples: " + (
             f"all {bad} records are bad, e.g. {first_bad}" if bad else "no records in any file"))
-    checked_records.remember(clean, schema)
-    return good
+    return clean
 
 
 def name_record(files: list[str], schema: RecordSchema, origin: int) -> str:
