@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import nullcontext
 
-from launch import bench, cli_arrangement, tune, verify
+from launch import bench, cli_arrangement, startup, tune, verify
 from launch import cli_data as data_command
 from launch import cli_timeline as timeline_command
 from launch.cli_help import (
@@ -206,12 +206,19 @@ def _data_parser(commands) -> None:
     data_command.add_arguments(convert)
 
 
+# Commands whose own process needs no TensorFlow: local-cluster starts the job's tasks,
+# each of which checks the model as it loads (an import of TensorFlow and the model
+# here, 2-4 s, would only repeat that).
+WITHOUT_TENSORFLOW = ("local-cluster",)
+
+
 def _load(args):
     from launch.config import load_job
 
+    needs = args.command not in WITHOUT_TENSORFLOW
     return load_job(args.config, args.overrides,
                     arrangement=lambda job: cli_arrangement.choose(args, job),
-                    check_model=_check_model)
+                    check_model=_check_model if needs else None)
 
 
 def _check_model(model) -> None:
@@ -227,8 +234,10 @@ def _start_tensorflow() -> None:
     command resolves the job's model, whose code is written for graph mode (it may build
     ops as it is imported), so each switches before resolving it, whether or not it
     goes on to build a graph itself."""
+    startup.mark_once("modules")
     quiet_tensorflow()
     use_graph_mode()
+    startup.mark_once("tensorflow")
 
 
 def _print_json(result: dict) -> None:
@@ -335,7 +344,8 @@ def _run(args) -> int:
     # A job file's mistakes are found before TensorFlow is imported (seconds of a
     # process's start-up), so they are reported at once.
     job = _load(args)
-    _start_tensorflow()
+    if args.command not in WITHOUT_TENSORFLOW:
+        _start_tensorflow()
     return HANDLERS[args.command](args, job)
 
 

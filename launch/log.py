@@ -57,14 +57,17 @@ def descriptor_2_captured() -> Iterator[list[str]]:
 
 
 def _import_tensorflow_quietly():
-    """Import TensorFlow with its start-up notices filtered out of stderr.
+    """Import TensorFlow with its start-up notices filtered out of stderr, and without
+    the modules it loads that a towers process does not use (launch.tf_process).
 
-    They are written to file descriptor 2 directly, so they are caught there
+    The notices are written to file descriptor 2 directly, so they are caught there
     and everything else (a real import error, say) is passed on unchanged.
     """
+    from launch.tf_process import unused_imports_skipped
+
     written: list[str] = []
     try:
-        with descriptor_2_captured() as written:
+        with descriptor_2_captured() as written, unused_imports_skipped():
             import tensorflow as tf
     finally:
         for line in written:
@@ -77,7 +80,8 @@ _quieted = False
 
 
 def quiet_tensorflow() -> None:
-    """Import TensorFlow with its start-up chatter kept off stderr.
+    """Import TensorFlow with its start-up chatter kept off stderr, and choose the
+    allocator of its host memory before anything allocates (launch.tf_process).
 
     Every process towers starts calls this first (the commands, bench's case
     processes): the chatter would drown the one line a user needs to read.
@@ -89,8 +93,10 @@ def quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import logging
 
-    tf = _import_tensorflow_quietly()
+    from launch.tf_process import choose_host_allocator
 
+    tf = _import_tensorflow_quietly()
+    choose_host_allocator()
     tf.get_logger().setLevel(logging.ERROR)
 
 

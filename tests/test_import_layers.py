@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("towers", "models", "launch")
 
 LAUNCH_LAYERS = [
-    ("launch.errors", "launch.log", "launch.hard_exit"),
+    ("launch.errors", "launch.log", "launch.hard_exit", "launch.tf_process", "launch.startup",
+     "launch.cache"),
     ("launch.config",),
     ("launch.devices",),
     ("launch.data", "launch.metrics", "launch.modelref", "launch.kernels"),

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from launch.bench import startup
 from launch.bench.cases import build_towers_case
 from launch.bench.input import input_bench
 from launch.bench.memory import run_memory
@@ -59,7 +60,6 @@ from launch.bench.settings import (
     Row,
     Settings,
     Variant,
-    add_arguments,
     check_installed,
     check_memory,
     check_model,
@@ -69,6 +69,7 @@ from launch.bench.settings import (
     parse_variants,
     settings_from_args,
 )
+from launch.bench.settings import add_arguments as _throughput_arguments
 from launch.bench.throughput import plan_rows, run_bench, throughput_report
 from launch.config import JobConfig
 from launch.errors import EXIT_OK
@@ -103,10 +104,20 @@ __all__ = [
 EXIT_ROWS_FAILED = 1  # a row's runs failed; the table says why
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `towers bench`, beside the job's own (-c, --set)."""
+    _throughput_arguments(parser)
+    startup.add_argument(parser)
+
+
 def run(args: argparse.Namespace, job: JobConfig) -> int:
     """`towers bench`, as the CLI calls it: the options parsed by `add_arguments`, and the
     job they were given with. Prints the report; returns the exit status."""
-    report, failed = bench(settings_from_args(args, job), args.memory, log, args.input)
+    settings = settings_from_args(args, job)
+    wanted = getattr(args, "startup", False)
+    if wanted:
+        settings = startup.with_defaults(settings, args)
+    report, failed = bench(settings, args.memory, log, args.input, job if wanted else None)
     print(report, flush=True)
     if failed:
         log(f"error: {', '.join(failed)} failed (the reasons are in the table)")
@@ -115,12 +126,16 @@ def run(args: argparse.Namespace, job: JobConfig) -> int:
 
 
 def bench(settings: Settings, memory_steps: int | None,
-          write: Callable[[str], None], input_rows: bool = False) -> tuple[str, list[str]]:
+          write: Callable[[str], None], input_rows: bool = False,
+          startup_of: JobConfig | None = None) -> tuple[str, list[str]]:
     """The report asked for as markdown (the throughput table, or with `memory_steps`
-    the memory report, or with `input_rows` the input report), and the rows whose runs
-    failed (as "mode on N devices (variant)"), which make the command exit 1."""
+    the memory report, or with `input_rows` the input report, or with `startup_of` (the
+    job) the start-up report), and the rows whose runs failed (as "mode on N devices
+    (variant)"), which make the command exit 1."""
     if memory_steps is not None:
         return run_memory(settings, memory_steps, write), []
     if input_rows:
         return input_bench(settings, write), []
+    if startup_of is not None:
+        return startup.startup_report(settings, startup_of, write), []
     return throughput_report(settings, write)

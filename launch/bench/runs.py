@@ -193,12 +193,12 @@ class ClusterCase:
             command = cluster_command(self.row.mode, self.row.devices, args)
             status, stdout, stderr, rss = run_sampled(command, RUN_TIMEOUT_SECS)
         if status:
-            raise RunFailed(f"exit status {status}: {_reason(stdout + stderr)}")
+            raise RunFailed(f"exit status {status}: {failure_reason(stdout + stderr)}")
         self.row.peak_rss_bytes = max(self.row.peak_rss_bytes or 0, rss)
         return cluster_rate(self.row.mode, stdout, stderr)
 
 
-def _reason(output: str) -> str:
+def failure_reason(output: str) -> str:
     """The line of a failed run's output that says why: a `towers: error:` line if any."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     errors = [line for line in lines if "towers: error:" in line]

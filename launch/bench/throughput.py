@@ -216,13 +216,20 @@ def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings,
             case.kill()
 
 
+# Where the figures stand against TensorFlow's own tower trainer, measured side by side.
+PEER = ("Against tf_cnn_benchmarks (TensorFlow's own tower trainer) on resnet20, batch 128, "
+        "1 and 2 devices: examples/sec level, peak RSS 1.07-1.08x with oneDNN and 0.88-0.89x "
+        "without (BENCHMARKS.md, 'Memory and start-up against tf_cnn_benchmarks').")
+
+
 def throughput_report(settings: Settings,
                       write: Callable[[str], None]) -> tuple[str, list[str]]:
     """The table as markdown under the run's heading and peaks (bench.csv, bench.json and
     bench.png in settings.out too, if set), and the rows whose runs failed, as "mode on
     N devices (variant)"."""
     rows, about = run_bench(settings, write)
-    text = f"{heading(about)}\n{peak_text(about)}\n\n" + markdown_table(rows, about["peak_flops"])
+    text = (f"{heading(about)}\n{peak_text(about)}\n\n" + markdown_table(rows, about["peak_flops"])
+            + f"\n\n{PEER}")
     if settings.out:
         for path in write_outputs(settings.out, rows, about):
             write(f"wrote {path}")

@@ -173,7 +173,7 @@ class TrainConfig:
     only the final checkpoint is written.
     """
 
-    steps: int = _field(2000, positive_int)
+    steps: int = _field(600, positive_int)
     batch_size: int = _field(256, positive_int)
     # Each update runs the global batch as this many micro-batches, one after another,
     # summing their gradients: activations of batch_size / accumulate_steps at a time.

@@ -24,7 +24,6 @@ from launch.distributed.cluster import ClusterError
 from launch.distributed.ports import free_ports
 from launch.log import log
 from launch.runtime.signals import StopSignals
-from launch.runtime.timeline import merge, timeline_path
 
 ENDING_SECS = 30  # after its step and grace: its reports, its exit (a loaded host's seconds)
 
@@ -202,6 +201,8 @@ def run_local_cluster(
 
 def _merge_timelines(path: str, tasks: list[_Task]) -> None:
     """train.timeline: the workers' files (each wrote its own) joined into `path`."""
+    from launch.runtime.timeline import merge, timeline_path  # imports TensorFlow
+
     found = [timeline_path(path, t.name) for t in tasks if t.name.startswith("worker")]
     found = [f for f in found if os.path.exists(f)]
     if found:

@@ -15,23 +15,19 @@ file's lock in turn, and each times only what the ones before it have not.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
-import json
 import os
 import platform
-import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import NamedTuple
 
+from launch import cache
 from launch.kernels.found import FORWARD, GRADIENT, Kernel
 from launch.kernels.timing import KernelTimer, Timings, speedup
 
 PROBE_SECONDS = 10.0  # the probe's time limit; the heaviest kernels are timed first
 PROBE_BLOCKS = 3  # timed runs of each kernel in each type (after one untimed)
-CACHE_ENV = "TOWERS_CACHE_DIR"  # where the cache lives, if not ~/.cache/towers
 SLOWER = 1.0  # a 16-bit type whose kernels combine below this is slower: warn
 
 
@@ -59,14 +55,14 @@ def probe(counts: Mapping[Kernel, int], number_type: str,
     `number_type` and float32, and returns what all their timings say."""
     path = cache_file(cache_dir)
     wanted = ("float32", number_type)
-    with _locked(path):
-        timings = _read(path)
+    with cache.locked(path):
+        timings = cache.read_json(path)
         missing = [k for k in _heaviest_first(counts)
                    if not all(t in timings.get(k.key, {}) for t in wanted)]
         if missing:
             for key, measured in _time(missing, wanted, seconds).items():
                 timings.setdefault(key, {}).update(measured)
-            path = _write(path, timings)
+            path = cache.write_json(path, timings)
     return Probe(number_type, speedup(counts, timings, number_type),
                  speedup(counts, timings, number_type, FORWARD),
                  speedup(counts, timings, number_type, GRADIENT),
@@ -95,11 +91,10 @@ def _time(kernels: list[Kernel], number_types: tuple[str, ...], seconds: float) 
 
 def cache_file(cache_dir: str | None = None) -> str:
     """This machine's and TensorFlow's timing file: under `cache_dir`, else
-    $TOWERS_CACHE_DIR, else $XDG_CACHE_HOME/towers (~/.cache/towers)."""
+    launch.cache's directory ($TOWERS_CACHE_DIR, ~/.cache/towers)."""
     import tensorflow as tf
 
-    base = cache_dir or os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "towers")
+    base = cache.cache_dir(cache_dir)
     machine = hashlib.sha256(_cpu_identity().encode()).hexdigest()[:16]
     return os.path.join(base, f"kernels-tf{tf.__version__}-{machine}.json")
 
@@ -112,44 +107,6 @@ def _cpu_identity() -> str:
         return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor() or platform.machine()
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """The cache's lock held (a file beside it); unlocked if it cannot be made (a
-    read-only home): the probe still runs, uncached."""
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock = open(path + ".lock", "a")
-    except OSError:
-        yield
-        return
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-def _read(path: str) -> Timings:
-    try:
-        with open(path) as f:
-            found = json.load(f)
-        return found if isinstance(found, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: str, timings: Timings) -> str | None:
-    """Writes the timings whole (a reader never sees half a file); the path, or None
-    if it could not be written."""
-    try:
-        handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(handle, "w") as f:
-            json.dump(timings, f, indent=1, sort_keys=True)
-        os.replace(temporary, path)
-        return path
-    except OSError:
-        return None
-
 
 
 def precision_note(precision: str, found: Probe) -> str | None:

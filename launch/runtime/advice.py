@@ -27,13 +27,21 @@ def bottleneck(shares: Mapping[str, float]) -> str:
     return max(waits, key=lambda p: shares[p]) if waits else "compute"
 
 
+# Where bfloat16 may pay off, when the towers' devices are not known.
+ANY_BFLOAT16_UNITS = "GPUs, CPUs with avx512_bf16 or AMX"
+
+
 @dataclass(frozen=True)
 class Setup:
     """What the advice must know of the job beyond its file: whether its processes
-    keep the variables on ps tasks, and whether there are several."""
+    keep the variables on ps tasks, whether there are several, and where the towers'
+    devices compute bfloat16 in hardware (launch.devices.bfloat16_units: 'GPUs', 'this
+    CPU has amx_bf16', ...; None: nowhere, TensorFlow would emulate it, slower than
+    float32, so the advice leaves it out)."""
 
     ps_tasks: bool = False
     processes: int = 1
+    bfloat16: str | None = ANY_BFLOAT16_UNITS
 
 
 def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
@@ -63,7 +71,12 @@ def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
     tries = {"input": _input, "exchange": _exchange, "apply": _apply,
              "compute": _compute}[phase](job, setup)
     if not tries:
-        return f"{what}: {_NOTHING_LEFT[phase]}"
+        left = _NOTHING_LEFT[phase]
+        if phase == "compute" and job.towers.precision == "float32":
+            left = (f"XLA is in use, and {_NO_BFLOAT16} (TensorFlow would emulate "
+                    "mixed_bfloat16, slower than float32): the towers' own work is the "
+                    "floor; more or faster devices, or a smaller model, make it shorter")
+        return f"{what}: {left}"
     return f"{what}: try {_either(tries)}"
 
 
@@ -77,6 +90,9 @@ _NOTHING_LEFT = {
     "compute": "16-bit compute and XLA are in use already: the towers' own work is the floor; "
                "more or faster devices, or a smaller model, make it shorter",
 }
+
+
+_NO_BFLOAT16 = "these devices have no bfloat16 instructions (avx512_bf16, amx_bf16)"
 
 
 def _either(tries: list[str]) -> str:
@@ -124,8 +140,8 @@ def _apply(job: JobConfig, setup: Setup) -> list[str]:
 
 def _compute(job: JobConfig, setup: Setup) -> list[str]:
     tries = []
-    if job.towers.precision == "float32":
-        tries.append("towers.precision: mixed_bfloat16 (GPUs, CPUs with avx512_bf16 or AMX)")
+    if job.towers.precision == "float32" and setup.bfloat16:
+        tries.append(f"towers.precision: mixed_bfloat16 ({setup.bfloat16})")
     if not job.towers.xla:
         tries.append("towers.xla: true")
     return tries

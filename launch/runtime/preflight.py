@@ -4,6 +4,8 @@ for `towers validate`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 import models
@@ -50,6 +52,16 @@ def check_startup(job: JobConfig) -> Plan:
     if job.data.eval_path:
         check_data(plan, training=False)
     with tf.Graph().as_default():
-        build_training_graph(job, plan)
+        build_training_graph(job, _shapes_only(job, plan))
         checkpoints.check_compatible(job.train.checkpoint_dir)
     return plan
+
+
+def _shapes_only(job: JobConfig, plan: Plan) -> Plan:
+    """The plan the graph is checked with: a generated source (builtin) makes its data
+    to the model's spec, so the graph is built on synthetic batches of that spec instead
+    of generating the whole data set (seconds, minutes for a large one) to build it."""
+    if not plan.source.generated:
+        return plan
+    synthetic = data.source_of(dataclasses.replace(job.data, source="synthetic"))
+    return dataclasses.replace(plan, source=synthetic)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from launch import data, kernels, metrics
+from launch import data, kernels, metrics, startup
 from launch.config import JobConfig, TrainConfig
+from launch.devices import bfloat16_units
 from launch.errors import StopTimedOut
 from launch.hard_exit import exit_now
 from launch.log import log
@@ -79,6 +80,7 @@ def train(
     plan = plan or make_plan(job)
     role = role or Role()
     preflight(job, plan, role.writes)
+    startup.mark("plan")
     # The writer holds checkpoint_dir from before its first write into it until training
     # ends; a directory another process holds is bad input, found before anything is built.
     held = checkpoint_lock.hold(job.train.checkpoint_dir, write) if role.writes else nullcontext()
@@ -100,6 +102,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     graph = tf.Graph()
     with graph.as_default():
         built = build_training_graph(job, plan, role.wrap_optimizer, skipped, write)
+        startup.mark("graph")
         resumed = None
         if role.writes:
             resumed = checkpoints.fall_back_to_restorable(job.train.checkpoint_dir, write)
@@ -119,9 +122,9 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     # (reports to its peers, bounded) and handing over its result.
     work_done()
     result = _result(job, role, loop, stop)
+    setup = Setup(callable(plan.param_device), plan.share.count, bfloat16_units(plan.devices))
     _report_phases(loop.phases, result, write, lambda shares: advice(
-        shares, job, Setup(callable(plan.param_device), plan.share.count), role.stragglers(),
-        loop.phases.step_secs()))
+        shares, job, setup, role.stragglers(), loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
         write(f"data.epochs: {job.data.epochs} pass(es) over the data done at step "
               f"{result['global_step']} (train.steps {job.train.steps}); training ends there")
@@ -333,8 +336,13 @@ def _run_session(cfg: TrainConfig, plan: Plan, role: Role, ops, scaffold, loop: 
         log_step_count_steps=None,
         config=plan.session,
     ) as sess:
+        startup.mark("session")
+        stepped = False
         while not (loop.stop_at.done_at_start or sess.should_stop()):
             sess.run(ops.train_op)
+            if not stepped:
+                startup.mark("first_step")
+                stepped = True
 
 
 _MEMORY_FIX = ("lower train.batch_size, or raise train.accumulate_steps (now {}) to train the "
@@ -360,6 +368,10 @@ def _result(job: JobConfig, role: Role, loop: _Loop, stop: StopSignals) -> dict:
         result = {"global_step": loop.stop_at.start_step or 0, "job_examples_per_sec": 0.0,
                   "process_examples_per_sec": 0.0}
     result["steps_run"] = loop.progress.steps_run
+    result["startup"] = startup.marks()
+    memory = startup.memory_mib()
+    if memory is not None:
+        result["peak_rss_mib"] = memory[1]
     result["precision"] = job.towers.precision
     result["accumulate_steps"] = job.train.accumulate_steps
     if loop.loss_scale is not None:

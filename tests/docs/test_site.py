@@ -64,7 +64,7 @@ def reference_rows(site) -> dict[str, str]:
 
 def test_the_reference_lists_every_key_validate_prints_with_its_default(site):
     keys = validate_keys()
-    assert len(keys) > 100 and keys["train.steps"] == "2000"
+    assert len(keys) > 100 and keys["train.steps"] == "600"
     rows = reference_rows(site)
     missing = {k: v for k, v in keys.items() if rows.get(k) != v}
     assert not missing, f"keys missing from the reference, or with another default: {missing}"

@@ -42,6 +42,9 @@ JOBS = {
                                "data": {"source": "csv", "path": "eleven.csv"}},
     # data.path naming a directory with nothing in it
     "empty-directory": {"model": MLP_12, "data": {"source": "csv", "path": "empty"}},
+    # a generated data set too large to hold (found without generating it)
+    "builtin-of-300-gib": {"model": {**MLP_12, "input_dim": 784},
+                           "data": {"source": "builtin", "num_examples": 10**8}},
     # the batch against the towers (auto: two here)
     "batch-of-one": {"model": MLP_12, "data": {"source": "csv", "path": "twelve.csv"},
                      "train": {"batch_size": 1}},
@@ -83,3 +86,19 @@ def test_a_job_validate_accepts_trains(folder):
     assert answer(folder, "validate", job)[0] == 0
     assert not os.path.exists(folder / "ckpt")
     assert answer(folder, "train", job)[0] == 0
+
+
+def test_validate_builds_the_graph_without_generating_the_built_in_data(folder, monkeypatch):
+    """The built-in data set is made to the model's spec: validate checks the graph on
+    synthetic batches of that spec (generating 20,000 examples took 1-3 s here, a large
+    data.num_examples minutes), and train still generates it."""
+    from launch.data.sources import builtin
+
+    def generate(*args, **kwargs):
+        raise AssertionError("the built-in data set was generated")
+
+    monkeypatch.setattr(builtin, "builtin_arrays", generate)
+    job = {"model": {**MLP_12, "input_dim": 784}, "data": {"source": "builtin"}}
+    assert answer(folder, "validate", job)[0] == 0
+    with pytest.raises(AssertionError, match="generated"):
+        answer(folder, "train", job)

@@ -30,7 +30,8 @@ class Builtin(InMemory):
     generated = True
 
     def check(self, spec: InputSpec, *, training: bool = True) -> None:
-        builtin_kind(spec)
+        """What builtin_arrays would refuse, without generating anything."""
+        check_request(spec, self.cfg.num_examples, self.cfg.seed)
 
     def examples(self, spec: InputSpec) -> int:
         return self.cfg.num_examples
@@ -67,15 +68,7 @@ def builtin_arrays(spec: InputSpec, num_examples: int = 20000, seed: int = 0,
       by one as labels.
     """
     norm = spec
-    kind = builtin_kind(norm)
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
-        raise DataError(f"builtin: num_examples must be a positive int, got {num_examples!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise DataError(f"builtin: seed must be a non-negative int, got {seed!r}")
-    bytes_needed = num_examples * (norm.num_features + norm.num_labels) * 4
-    if bytes_needed > MAX_BUILTIN_BYTES:
-        raise DataError(f"builtin: {num_examples} examples of shape {norm.feature_shape} need "
-                        f"{bytes_needed / 2**30:.1f} GiB; lower num_examples")
+    kind = check_request(norm, num_examples, seed)
     task, train, held_out = np.random.SeedSequence(seed).spawn(3)
     task_rng = np.random.default_rng(task)
     rng = np.random.default_rng(train if training else held_out)
@@ -89,6 +82,21 @@ def builtin_arrays(spec: InputSpec, num_examples: int = 20000, seed: int = 0,
     labels = labels.reshape(-1, *norm.label_shape)
     return (features.astype(norm.feature_dtype.as_numpy_dtype, copy=False),
             labels.astype(norm.label_dtype.as_numpy_dtype, copy=False))
+
+
+def check_request(spec: InputSpec, num_examples: int, seed: int) -> str:
+    """The kind builtin_arrays would generate for these arguments (builtin_kind); a
+    DataError for arguments it refuses, a data set over MAX_BUILTIN_BYTES among them."""
+    kind = builtin_kind(spec)
+    if isinstance(num_examples, bool) or not isinstance(num_examples, int) or num_examples < 1:
+        raise DataError(f"builtin: num_examples must be a positive int, got {num_examples!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise DataError(f"builtin: seed must be a non-negative int, got {seed!r}")
+    bytes_needed = num_examples * (spec.num_features + spec.num_labels) * 4
+    if bytes_needed > MAX_BUILTIN_BYTES:
+        raise DataError(f"builtin: {num_examples} examples of shape {spec.feature_shape} need "
+                        f"{bytes_needed / 2**30:.1f} GiB; lower num_examples")
+    return kind
 
 
 def builtin_kind(spec: InputSpec) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 import tensorflow as tf
 
 from launch.config import PIXEL_KINDS, ImageConfig
-from launch.data import images
+from launch.data import checked_records, images
 from launch.data.errors import DataError
 from launch.data.formats import describe, read_error
 from launch.data.position import BatchPart
@@ -88,8 +88,11 @@ class TfRecord(Source):
         CHECK_RECORDS of each), naming the file and record of a bad one."""
         paths, files = self.paths(training), self.files(training)
         where = describe(paths, files)
-        check_tfrecord_files(files, self.record_schema(files, spec, where), where,
-                             skip=self.skips())
+        schema = self.record_schema(files, spec, where)
+        clean = check_tfrecord_files(files, schema, where, skip=self.skips())
+        if training:
+            self.index()  # kept beside the files (once their records are known sound)
+        checked_records.remember(clean, schema)  # by the kept index's state of each
 
     def index(self) -> RecordIndex:
         """Where each training record starts (read once: launch.data.record_index)."""
@@ -217,31 +220,42 @@ def records_of(name: str) -> Iterator[bytes]:
 
 
 def check_tfrecord_files(files: list[str], schema: RecordSchema, where: str,
-                         skip: bool = False) -> int:
+                         skip: bool = False) -> dict[str, int]:
     """Read every record of ``files`` (the reader checks their CRCs) and check each
-    against ``schema``, decoding the images of the first CHECK_RECORDS of each file.
+    against ``schema``, decoding the images of the first CHECK_RECORDS of each file;
+    a file checked clean at an earlier start and unchanged since is not read again
+    (launch.data.checked_records).
     A bad record is a DataError naming its file and record, unless ``skip``: then the
-    pipeline leaves it out. Returns the count of good records; none is a DataError
-    naming ``where``."""
-    good, bad, first_bad, encoded = 0, 0, None, []
+    pipeline leaves it out; no good record in any file is a DataError naming ``where``.
+    Returns the files read now and found clean, with their record counts, for
+    launch.data.checked_records to remember."""
+    before = checked_records.recalled(files, schema)
+    good, bad, first_bad, encoded = sum(before.values()), 0, None, []
+    clean = {}
     for name in files:
+        if name in before:
+            continue
+        file_good, file_bad = 0, 0
         for index, record in enumerate(records_of(name)):
             try:
                 feature = check_example(f"{name}: record {index}", record, schema)
             except DataError as err:
                 if not skip:
                     raise
-                bad, first_bad = bad + 1, first_bad or err
+                file_bad, first_bad = file_bad + 1, first_bad or err
                 continue
-            good += 1
+            file_good += 1
             if schema.kind == "image" and index < CHECK_RECORDS and not skip:
                 encoded.append((f"{name}: record {index}", feature.bytes_list.value[0]))
+        good, bad = good + file_good, bad + file_bad
+        if file_good and not file_bad:
+            clean[name] = file_good
     if schema.kind == "image":
         images.check_decodes(encoded, schema.shape[2])
     if not good:
         raise DataError(f"{where}: no examples: " + (
             f"all {bad} records are bad, e.g. {first_bad}" if bad else "no records in any file"))
-    return good
+    return clean
 
 
 def name_record(files: list[str], schema: RecordSchema, origin: int) -> str:

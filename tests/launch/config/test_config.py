@@ -79,7 +79,7 @@ optimizer:
     staircase: false
     alpha: 0.0
 train:
-  steps: 2000
+  steps: 600
   batch_size: 256
   accumulate_steps: 1
   log_every_steps: 100

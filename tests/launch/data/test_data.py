@@ -83,6 +83,14 @@ def test_generated_sources_yield_spec_batches(graph, source, spec):
     assert np.array_equal(x1, x2) == (source == "synthetic")
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_no_pipeline_runs_tf_datas_autotuning_thread(graph, training):
+    """Its thread held a job's end 4-50 s: an iterator's end waits for it, and it
+    notices only when its period is up (launch.data.stream.pipeline_options)."""
+    dataset = make_dataset("builtin", IMAGE, 32, training=training, num_examples=64)
+    assert dataset.options().autotune.enabled is False
+
+
 def test_input_tensors_have_static_shapes(graph):
     features, labels = input_tensors(make_dataset("builtin", IMAGE, 16, num_examples=64))
     assert features.shape.as_list() == [16, 28, 28, 1] and features.dtype == tf.float32

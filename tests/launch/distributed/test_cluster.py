@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -238,6 +239,40 @@ def test_one_ps_two_workers_and_an_evaluator_train_to_the_end_and_exit(tmp_path)
     # the job's loss is read from both workers' lines, by global step.
     logged = losses(result.stderr, "worker0", "worker1")
     assert len(logged) >= 2 and logged[-1] < logged[0], logged
+
+
+LAUNCHER_ALONE = """
+import sys
+from launch.distributed import local_cluster
+
+
+class Started(Exception):
+    pass
+
+
+def start(task):
+    raise Started(task.name)
+
+
+local_cluster._start = start
+from launch.cli import main
+
+try:
+    main(["local-cluster", "--ps", "1", "--workers", "2", "--set", "model.name=resnet20",
+          "--set", "train.checkpoint_dir=" + sys.argv[1]])
+except Started as started:
+    print("started", started, "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.e2e
+def test_local_cluster_starts_its_tasks_without_importing_tensorflow(tmp_path):
+    """Each task checks the model as it loads; the launcher importing TensorFlow and the
+    model to check it first cost 2-4 s a run. Its first task's start is where it stops."""
+    run = subprocess.run([sys.executable, "-c", LAUNCHER_ALONE, str(tmp_path / "c")],
+                         env=environment(), capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert run.stdout.split() == ["started", "ps0", "False"], (run.stdout, run.stderr[-2000:])
 
 
 def start(args, env=None):

@@ -13,6 +13,7 @@ from tensorflow.core.framework.step_stats_pb2 import StepStats
 import towers
 from launch import metrics
 from launch.config import from_dict
+from launch.devices import bfloat16_units
 from launch.runtime.advice import Setup, advice, bottleneck
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, split_step
 from launch.runtime.train import train
@@ -121,6 +122,28 @@ def test_with_everything_in_use_the_advice_says_what_is_left():
     assert line.startswith("compute-bound (90% of the step is the towers' forward and backward"
                            "): 16-bit compute and XLA are in use already"), line
     assert "try" not in line
+
+
+@pytest.mark.parametrize("flags, devices, named", [
+    ({"avx2", "fma"}, ["/cpu:0", "/cpu:1"], None),
+    ({"avx512f", "avx512_bf16"}, ["/cpu:0"], "this CPU has avx512_bf16"),
+    ({"avx512_bf16", "amx_bf16"}, ["/cpu:0"], "this CPU has avx512_bf16 and amx_bf16"),
+    ({"avx2"}, ["/gpu:0", "/gpu:1"], "GPUs"),
+])
+def test_bfloat16_is_advised_only_where_the_devices_compute_it(flags, devices, named):
+    """On a CPU without avx512_bf16 or AMX TensorFlow emulates bfloat16 (0.07-0.13x
+    float32): a compute-bound float32 run there is pointed at XLA alone."""
+    units = bfloat16_units(devices, flags)
+    assert units == named
+    compute = {"input": 0.0, "compute": 0.95, "exchange": 0.03, "apply": 0.02}
+    line = advice(compute, from_dict({}), Setup(bfloat16=units))
+    assert ("mixed_bfloat16" in line) is (named is not None), line
+    assert "towers.xla: true" in line, line
+    if named:
+        assert f"mixed_bfloat16 ({named})" in line, line
+    done = advice(compute, from_dict({"towers": {"xla": True}}), Setup(bfloat16=units))
+    assert ("try" in done) is (named is not None), done
+    assert "16-bit compute and XLA are in use" not in done, done
 
 
 @pytest.mark.parametrize("step_secs, short", [(0.0016, True), (0.05, False), (None, False)])

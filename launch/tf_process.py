@@ -1,0 +1,78 @@
+"""What a towers process loads with TensorFlow, and which allocator holds its host memory.
+
+Two choices made as TensorFlow starts (launch.log.quiet_tensorflow, which every towers
+process calls first), each measured against tf_cnn_benchmarks on the same job
+(BENCHMARKS.md, "Memory against tf_cnn_benchmarks"):
+
+- `import tensorflow` imports Keras' optimizers (so that their registrations run at
+  load time) and with them all of Keras 3, which imports matplotlib and IPython where
+  they are installed; TensorFlow's own legacy Keras imports scipy. A towers process
+  uses none of them unless its model does, and a model that uses Keras imports it when
+  it is resolved, registrations and all. Skipping them saves about 77 MB of resident
+  memory and 0.9 s of every process's start.
+- Without oneDNN (TensorFlow turns it off on x86 CPUs without AVX-512 VNNI, BF16 or
+  AMX, or with TF_ENABLE_ONEDNN_OPTS=0) a step's convolution gradients take temporary
+  buffers of tens of MB from several threads, and glibc's heaps, which keep what they
+  freed, held resnet20's peak at 1.5x the step's live bytes. TensorFlow's BFC allocator
+  reuses its own blocks for the same shapes step after step: the same job peaked 30%
+  lower, and stepped no slower. With oneDNN on, glibc did better than BFC (its peak
+  was 5% lower), so it is kept. TF_CPU_ALLOCATOR_USE_BFC set in the environment is
+  always obeyed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+
+# Modules TensorFlow tries to import as it loads, falling back when they are missing.
+UNUSED_AT_IMPORT = ("keras.src.optimizers", "tf_keras.src.optimizers", "scipy.sparse")
+
+BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
+# TensorFlow's BFC host allocator refuses to grow past this many MiB (default 64 GiB);
+# towers raises it to the host's memory, so a job that fits the host fits the allocator.
+BFC_LIMIT_ENV = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+
+
+@contextlib.contextmanager
+def unused_imports_skipped(names: tuple[str, ...] = UNUSED_AT_IMPORT) -> Iterator[None]:
+    """Inside the block, importing one of `names` (not yet imported) fails at once, so
+    code that tries it carries on without; after the block it imports as usual."""
+    skipped = [name for name in names if name not in sys.modules]
+    for name in skipped:
+        sys.modules[name] = None  # the import system's own "not importable" mark
+    try:
+        yield
+    finally:
+        for name in skipped:
+            if sys.modules.get(name, "") is None:
+                del sys.modules[name]
+
+
+def choose_host_allocator() -> str:
+    """Sets the host allocator TensorFlow creates at its first allocation (call before
+    any session or eager op): BFC where oneDNN is off, else glibc's, unless the
+    environment already says. Returns 'bfc' or 'malloc', the one in force."""
+    if BFC_ENV not in os.environ and not _onednn_on():
+        os.environ[BFC_ENV] = "true"
+        os.environ.setdefault(BFC_LIMIT_ENV, str(_host_mib()))
+    return "bfc" if os.environ.get(BFC_ENV, "").lower() in ("1", "true") else "malloc"
+
+
+def _onednn_on() -> bool:
+    """Whether TensorFlow runs its oneDNN kernels in this process (its build, this CPU
+    and TF_ENABLE_ONEDNN_OPTS decide); True where that cannot be read."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return True
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def _host_mib() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (ValueError, OSError):
+        return 1 << 16  # TensorFlow's own default
