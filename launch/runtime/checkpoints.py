@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import tensorflow as tf
 
-import towers
 from launch.config import TrainConfig, WarmStartConfig
 from launch.errors import BadInput, ResourceFailed
 
@@ -255,16 +254,16 @@ def check_compatible(checkpoint_dir: str, variables: Sequence[tf.Variable] | Non
     if missing or reshaped:
         details = []
         if missing:
-            details.append(f"missing: {_few(missing)}")
+            details.append(f"missing: {few(missing)}")
         if reshaped:
-            details.append(f"different shapes (checkpoint vs model): {_few(reshaped)}")
+            details.append(f"different shapes (checkpoint vs model): {few(reshaped)}")
         raise CheckpointError(
             f"train.checkpoint_dir: {latest} was written by a different model; "
             f"{'; '.join(details)}. Use another checkpoint_dir, or warm_start to fine-tune"
         )
 
 
-def _few(items: list[str], limit: int = 5) -> str:
+def few(items: list[str], limit: int = 5) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
@@ -301,33 +300,11 @@ def warm_start(
             continue
         assignment[source] = var
     if reshaped:
-        raise CheckpointError(f"train.warm_start: shapes differ: {_few(reshaped)}")
+        raise CheckpointError(f"train.warm_start: shapes differ: {few(reshaped)}")
     if not assignment:
         raise CheckpointError(f"train.warm_start: no variable of the model matches {path}")
     V1.train.init_from_checkpoint(path, assignment)
     write(f"warm start: {len(assignment)} variable(s) from {path}")
-
-
-def model_saver(averages: bool) -> V1.train.Saver:
-    """A saver restoring the model's variables; with `averages`, each trainable one from
-    its weight average (train.moving_average_decay, towers.average_names)."""
-    if not averages:
-        return V1.train.Saver()
-    trainable = {id(v) for v in V1.trainable_variables()}
-    names = {v.op.name: v for v in V1.global_variables() if id(v) not in trainable}
-    names.update(towers.average_names(V1.trainable_variables()))
-    return V1.train.Saver(var_list=names)
-
-
-def check_averages(path: str) -> None:
-    """--averages on a checkpoint that holds none: one line saying why."""
-    stored = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    wanted = towers.average_names(V1.trainable_variables())
-    missing = [name for name in wanted if name not in stored]
-    if missing:
-        raise CheckpointError(
-            f"--averages: {path} holds no weight averages ({_few(missing)} missing); they "
-            f"are kept while train.moving_average_decay is set")
 
 
 def _checkpoint_name(name: str, rename) -> str:

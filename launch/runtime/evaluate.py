@@ -22,7 +22,7 @@ import towers
 from launch import data, metrics
 from launch.config import JobConfig, SessionConfig
 from launch.log import log
-from launch.runtime import checkpoint_lock, checkpoints
+from launch.runtime import checkpoint_lock, checkpoints, weight_averages
 from launch.runtime.inputs import input_tensors
 from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
@@ -96,7 +96,7 @@ def _build(job: JobConfig, plan: Plan, skipped: data.SkippedRecords,
         plan.model.model_fn, features, labels, plan.devices, param_device=plan.param_device,
         precision=plan.precision, xla=job.towers.xla,
     )
-    return ops, checkpoints.model_saver(averages)
+    return ops, weight_averages.model_saver(averages)
 
 
 def _batches(sess: V1.Session, fetches, max_batches: int | None) -> Iterator:
@@ -223,7 +223,7 @@ class _Scorer:
     def __call__(self, path: str, predictions: str | None = None) -> dict:
         plan = self.plan
         if self.averages:
-            checkpoints.check_averages(path)
+            weight_averages.check_averages(path)
         start = time.perf_counter()
         result = _score(plan, self.ops, self.saver, path, self.reads, predictions)
         result["examples_per_sec"] = result["examples"] / max(time.perf_counter() - start, 1e-9)

@@ -32,7 +32,7 @@ from launch.config import JobConfig, ModelConfig
 from launch.errors import BadInput
 from launch.log import _import_tensorflow_quietly, log
 from launch.modelref.user import thaw
-from launch.runtime import checkpoints
+from launch.runtime import checkpoints, weight_averages
 from launch.runtime.plan import make_plan
 
 V1 = tf.compat.v1
@@ -70,10 +70,10 @@ def export(job: JobConfig, out: str, checkpoint: str | None = None,
             )
         _check_restorable(path)
         if averages:
-            checkpoints.check_averages(path)
+            weight_averages.check_averages(path)
         keras = getattr(plan.model.model_fn, "keras_model", None)
         with V1.Session(graph=graph, config=plan.session) as sess:
-            checkpoints.model_saver(averages).restore(sess, path)
+            weight_averages.model_saver(averages).restore(sess, path)
             builder = V1.saved_model.Builder(out)
             signature = V1.saved_model.predict_signature_def(
                 {"features": features}, {"predictions": ops.predictions})

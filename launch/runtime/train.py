@@ -27,7 +27,6 @@ from launch.runtime.hooks import (
     latest_text,
     nonfinite_stops,
 )
-from launch.runtime.optim import batch_scale
 from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import preflight
@@ -36,6 +35,7 @@ from launch.runtime.progress import ProgressHook
 from launch.runtime.role import Role
 from launch.runtime.signals import StopSignals, work_done
 from launch.runtime.stall import StallWatch, example_bytes, host_memory_bytes, no_batch_text
+from launch.runtime.startup_line import startup_line
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, shares_text
 from launch.runtime.stop_deadline import StopDeadline
 from launch.runtime.timeline import TimelineHook, timeline_path
@@ -110,7 +110,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
         loop = _loop_hooks(job, plan, role, built, resumed, exporter, stop, write)
         deadline.expire = _stop_timed_out(
             deadline, loop.stall, job.train.checkpoint_dir if role.writes else None)
-        write(_startup_line(job, plan, built.ops.synchronized_statistics))
+        write(startup_line(job, plan, built.ops.synchronized_statistics))
         note = _precision_note(job, plan, built.ops.train_op)
         if note:
             write(note)
@@ -171,42 +171,6 @@ def _stop_timed_out(deadline: StopDeadline, stall: StallWatch,
             f"checkpoint: {kept}"))
 
     return expire
-
-
-def _startup_line(job: JobConfig, plan: Plan, synchronized: int) -> str:
-    """synchronized: how many batch norms the build synchronized across the towers."""
-    where = "the ps tasks" if callable(plan.param_device) else plan.param_device
-    return (
-        f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
-        f"variables on {where} ({plan.sharing}); {_compute_text(job, plan, synchronized)}"
-    )
-
-
-def _compute_text(job: JobConfig, plan: Plan, synchronized: int) -> str:
-    """'mixed_float16 (loss scale from 32768), 16-bit gradients, XLA, 4 micro-batches of 64
-    examples, learning rate 0.2 (0.05 x 1024 / 256)': what the step computes and how."""
-    parts = [job.towers.precision]
-    if job.towers.precision == "mixed_float16":
-        parts[0] += f" (loss scale from {job.towers.loss_scale.initial:g})"
-    if job.towers.gradient_dtype != "float32":
-        parts.append(f"gradients sent as {job.towers.gradient_dtype}")
-    if job.towers.xla:
-        parts.append("XLA")
-    if job.towers.batch_norm == "sync" and synchronized:
-        # Said only of what was built: nothing synchronized is a warning line already.
-        parts.append(f"{synchronized} batch norm(s) synchronized over the global batch")
-    if job.train.moving_average_decay is not None:
-        parts.append(f"weight averages (decay {job.train.moving_average_decay:g})")
-    steps = job.train.accumulate_steps
-    if steps > 1:
-        parts.append(f"{steps} micro-batches of {plan.process_batch_size // steps} examples "
-                     "per update")
-    cfg = job.optimizer
-    if cfg.reference_batch_size:
-        scaled = cfg.learning_rate * batch_scale(cfg, job.train.batch_size)
-        parts.append(f"learning rate {scaled:g} ({cfg.learning_rate:g} x "
-                     f"{job.train.batch_size} / {cfg.reference_batch_size})")
-    return ", ".join(parts)
 
 
 def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, exporter, stop,
