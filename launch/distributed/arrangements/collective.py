@@ -18,8 +18,9 @@ with 138, naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import tensorflow as tf
 
@@ -195,7 +196,16 @@ def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], Non
               "every worker, gradients "
               f"all-reduced by collective ops ({group.communication})")
         role = CollectiveRole(job, task, server, group)
-        try:
+        with peer_failures(task, role.deadline):
             return train(job, plan=plan, role=role, exporter=exporter, write=write)
-        except tf.errors.DeadlineExceededError:
-            raise PeerUnavailable(stuck_step(task, role.deadline)) from None
+
+
+@contextlib.contextmanager
+def peer_failures(task: Task, deadline: StepDeadline) -> Iterator[None]:
+    """Collectives that failed on a peer end the worker with 138 (retryable) and one line:
+    a step that ran out of its deadline (a peer stopped or cut off). Any other error is
+    left as it is."""
+    try:
+        yield
+    except tf.errors.DeadlineExceededError:
+        raise PeerUnavailable(stuck_step(task, deadline)) from None
