@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 
 import tensorflow as tf
@@ -43,6 +44,8 @@ from launch.runtime.signals import StopSignals
 from launch.runtime.train import train
 
 V1 = tf.compat.v1
+# TensorFlow's refusal of a group that holds another run of one of its devices.
+STALE_INCARNATION = re.compile(r"Device (\S+) current incarnation doesn't match")
 
 def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.CollectiveGroup]:
     """This worker's plan (its towers on its devices, its copy of the variables beside
@@ -203,9 +206,20 @@ def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], Non
 @contextlib.contextmanager
 def peer_failures(task: Task, deadline: StepDeadline) -> Iterator[None]:
     """Collectives that failed on a peer end the worker with 138 (retryable) and one line:
-    a step that ran out of its deadline (a peer stopped or cut off). Any other error is
-    left as it is."""
+    a step that ran out of its deadline (a peer stopped or cut off), or a group whose
+    leader still holds a worker's last run (that worker restarted, the leader did not:
+    TensorFlow refuses the group, "current incarnation doesn't match"). Any other error
+    is left as it is."""
     try:
         yield
     except tf.errors.DeadlineExceededError:
         raise PeerUnavailable(stuck_step(task, deadline)) from None
+    except tf.errors.FailedPreconditionError as err:
+        restarted = STALE_INCARNATION.search(err.message or "")
+        if restarted is None:
+            raise
+        raise PeerUnavailable(
+            f"cluster: the collective group's leader still holds the last run of "
+            f"{restarted.group(1)} (that worker restarted and the leader did not); a job "
+            "without ps tasks cannot go on with it. Restart every worker: training resumes "
+            "from the last checkpoint") from None

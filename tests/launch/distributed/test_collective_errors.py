@@ -1,0 +1,51 @@
+"""How a collective worker's training ends when a peer fails it: the errors TensorFlow
+raises, each mapped to its exit status and one line (docs/faults.md)."""
+
+import pytest
+import tensorflow as tf
+
+from launch.config import from_dict
+from launch.distributed.arrangements.collective import peer_failures
+from launch.distributed.cluster import Task
+from launch.distributed.health.step_deadline import StepDeadline
+from launch.distributed.ports import free_ports
+from launch.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailable
+
+# As a worker restarted under a leader that had not restarted met it (soak collective
+# seed 103: a traceback and exit 1).
+STALE_GROUP = (
+    "Collective ops is aborted by: Device /job:worker/replica:0/task:1/device:CPU:0 current "
+    "incarnation doesn't match with one in the group. This usually means this worker has "
+    "restarted but the collective leader hasn't, or this worker connects to a wrong cluster.")
+
+
+def _task() -> Task:
+    # Ports nothing listens on: a peer that does not answer is found at once.
+    hosts = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    return Task({"worker": hosts}, "worker", 1)
+
+
+def _ending(error: tf.errors.OpError) -> BaseException:
+    task = _task()
+    with pytest.raises(BaseException) as raised:
+        with peer_failures(task, StepDeadline(from_dict({}).cluster)):
+            raise error
+    return raised.value
+
+
+def test_a_group_refused_for_a_restarted_worker_ends_with_138_naming_it():
+    error = _ending(tf.errors.FailedPreconditionError(None, None, STALE_GROUP))
+    assert isinstance(error, PeerUnavailable), error
+    assert error.exit_status == EXIT_PEER_UNAVAILABLE
+    assert "/job:worker/replica:0/task:1/device:CPU:0" in str(error)
+    assert "\n" not in str(error)
+
+
+def test_a_step_past_its_deadline_ends_with_138():
+    error = _ending(tf.errors.DeadlineExceededError(None, None, "Timed out waiting"))
+    assert isinstance(error, PeerUnavailable) and "startup_timeout_secs" in str(error)
+
+
+def test_another_failed_precondition_is_left_as_it_is():
+    error = _ending(tf.errors.FailedPreconditionError(None, None, "uninitialized value w"))
+    assert isinstance(error, tf.errors.FailedPreconditionError)
