@@ -59,6 +59,7 @@ class _Loop:
     phases: StepPhases
     stall: StallWatch
     loss_scale: LossScaleHook | None = None
+    others_parts: OthersPartsHook | None = None
 
 
 def train(
@@ -121,6 +122,8 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     # A stop signal from now on meets a job that has ended: what is left is its ending
     # (reports to its peers, bounded) and handing over its result.
     work_done()
+    if loop.others_parts is not None:  # before the result: a job not done reports no end
+        loop.others_parts.check_trained()
     result = _result(job, role, loop, stop)
     setup = Setup(callable(plan.param_device), plan.share.count, bfloat16_units(plan.devices))
     _report_phases(loop.phases, result, write, lambda shares: advice(
@@ -249,7 +252,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         PlacementTraceHook(cfg.checkpoint_dir),
     ] if role.writes else []
     return _Loop(hooks, chief_hooks, progress, stop_at, last, data_position, data_end, phases,
-                 stall, loss_scale)
+                 stall, loss_scale, next(iter(others_parts), None))
 
 
 def _others_parts(built: TrainingGraph, data_position: DataPositionHook, stop: StopSignals,

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 import towers
+from launch.errors import PeerUnavailable
 from launch.runtime.checkpoints import DATA_SCOPE, RESTORED_APART
 
 V1 = tf.compat.v1
@@ -98,6 +99,14 @@ class OthersPartsHook(V1.train.SessionRunHook):
     for (then no wait). wait_secs: how long the positions may stand still before the
     worker stops waiting (a worker that is gone: its parts are left for a resume).
     on_wait: called before it waits (the stall watch stops: no step is due).
+
+    untrained: why the data's passes are not all trained when the wait ended without
+    them (None: they are, or the wait was not needed): the positions stood still, or a
+    checkpoint restored under this worker put its own parts back. The job has then not
+    ended with its data, and once the session has ended (the chief's final checkpoint
+    saved) `check_trained` says so with 138: a restart resumes and trains them. An exit
+    0 would tell an orchestrator the job is done. A ps lost during the wait ends it at
+    once with 138 (nothing can be saved without it).
     """
 
     def __init__(self, positions: WorkerPositions, left: Callable[[list[int]], list[int]],
@@ -105,6 +114,7 @@ class OthersPartsHook(V1.train.SessionRunHook):
                  on_wait: Callable[[], None] = lambda: None):
         self._positions, self._left, self._stopped = positions, left, stopped
         self._wait_secs, self._write, self._on_wait = wait_secs, write, on_wait
+        self.untrained: str | None = None
 
     def end(self, session) -> None:
         now = self._positions.read(session)
@@ -115,15 +125,37 @@ class OthersPartsHook(V1.train.SessionRunHook):
             self._on_wait()
             self._write(f"{sum(left)} part(s) of the data's passes left to the other "
                         "workers: waiting for them")
+        self.untrained = self._wait(session, now, left)
+
+    def _wait(self, session, now: list[int], left: list[int]) -> str | None:
         moved = time.monotonic()
         while sum(left) and not self._stopped():
             if time.monotonic() - moved > self._wait_secs:
                 self._write(f"the workers' positions stood still for {self._wait_secs:g} s "
                             f"with {sum(left)} part(s) left: saving without them "
                             "(a resume trains them)")
-                return
+                return (f"{sum(left)} part(s) of the data's passes were not trained: the "
+                        f"workers' positions stood still for {self._wait_secs:g} s")
             time.sleep(POLL_SECS)
-            before, now = now, self._positions.read(session)
+            try:
+                before, now = now, self._positions.read(session)
+            except tf.errors.OpError:  # the ps holding them has gone, or restarted
+                raise PeerUnavailable(
+                    "data.epochs: the ps holding the workers' positions was lost while this "
+                    "worker waited for the others' parts; nothing can be saved without it. "
+                    "Restart the job's tasks: training resumes from the last checkpoint "
+                    "and trains what it has not") from None
             left = self._left(now)
+            if left[self._positions.rank]:
+                return ("a checkpoint restored under this worker put back parts of its own "
+                        "to train again")
             if now != before:
                 moved = time.monotonic()
+        return None
+
+    def check_trained(self) -> None:
+        """Raise PeerUnavailable (exit status 138) if the wait ended with parts of the
+        data's passes untrained."""
+        if self.untrained:
+            raise PeerUnavailable(f"data.epochs: {self.untrained}. Restart the job's tasks: "
+                                  "training resumes from the last checkpoint and trains them")

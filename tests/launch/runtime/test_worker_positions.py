@@ -6,9 +6,11 @@ checkpoint is restored under it (a chief restarted alone)."""
 
 import os
 
+import pytest
 import tensorflow as tf
 
 from launch.config import from_dict
+from launch.errors import EXIT_PEER_UNAVAILABLE, PeerUnavailable
 from launch.runtime import checkpoints
 from launch.runtime.data_state import DataPositionHook, DataState
 from launch.runtime.hooks import LastStep
@@ -131,10 +133,14 @@ def test_a_worker_whose_position_is_restored_under_it_goes_on_there(graph):
     assert now == [20, 40]
 
 
-def wait_at_the_end(graph, others_move: bool, wait_secs: float = 30.0):
+def wait_at_the_end(graph, moves: tuple[int, int] | None, wait_secs: float = 30.0,
+                    lose_ps: bool = False):
     """Worker 0 of 2, its parts of the pass (10 global batches) done, worker 1's one part
-    short; ``others_move``: worker 1 trains it (a thread moves its position). What the
-    hook's end said, whether it stopped the stall watch, and the positions after it."""
+    short; ``moves``: (worker, position) a thread sets while it waits (worker 1 trains
+    its part, or a checkpoint restored under worker 0 puts one of its own back);
+    ``lose_ps``: the positions' variable is gone meanwhile, as on a ps lost or started
+    again. What the hook's end said, whether it stopped the stall watch, the positions
+    after it, and the hook."""
     import threading
 
     from launch.runtime.worker_positions import OthersPartsHook
@@ -147,25 +153,50 @@ def wait_at_the_end(graph, others_move: bool, wait_secs: float = 30.0):
     with V1.Session(graph=graph) as sess:
         sess.run(V1.global_variables_initializer())
         positions.set(sess, [ROWS, ROWS - BATCH])
-        if others_move:
-            move = V1.scatter_update(positions.live, [1], [ROWS])
-            mover = threading.Timer(0.3, lambda: sess.run(move))
-            mover.start()
+        if moves is not None:
+            move = V1.scatter_update(positions.live, [moves[0]], [moves[1]])
+            threading.Timer(0.3, lambda: sess.run(move)).start()
+        if lose_ps:
+            gone = tf.raw_ops.DestroyResourceOp(resource=positions.live.handle)
+            threading.Timer(0.3, lambda: sess.run(gone)).start()
+            hook.end(sess)
+            return lines, stopped_watch, None, hook
         hook.end(sess)
-        return lines, stopped_watch, positions.read(sess)
+        return lines, stopped_watch, positions.read(sess), hook
 
 
 def test_a_worker_done_with_its_parts_waits_for_the_others(graph):
-    lines, stopped_watch, now = wait_at_the_end(graph, others_move=True)
+    lines, stopped_watch, now, hook = wait_at_the_end(graph, moves=(1, ROWS))
     assert now == [ROWS, ROWS] and stopped_watch
     assert lines == ["1 part(s) of the data's passes left to the other workers: waiting "
                      "for them"]
+    hook.check_trained()  # every part trained: the worker ends 0
 
 
-def test_it_stops_waiting_when_the_positions_stand_still(graph):
-    lines, _, now = wait_at_the_end(graph, others_move=False, wait_secs=0.6)
+def test_it_stops_waiting_when_the_positions_stand_still_and_ends_with_138(graph):
+    """Exit 0 here told the soak's supervisor (and would tell an orchestrator) that the
+    job was done with parts of its data never trained (soak async seed 100)."""
+    lines, _, now, hook = wait_at_the_end(graph, moves=None, wait_secs=0.6)
     assert now == [ROWS, ROWS - BATCH]
     assert "stood still for 0.6 s with 1 part(s) left" in lines[-1]
+    with pytest.raises(PeerUnavailable, match=r"1 part\(s\) of the data's passes were not "
+                       "trained") as raised:
+        hook.check_trained()
+    assert raised.value.exit_status == EXIT_PEER_UNAVAILABLE
+
+
+def test_a_restore_that_puts_back_its_own_parts_ends_the_wait_with_138(graph):
+    """A chief restarted alone restored a checkpoint under this worker: its own parts are
+    left again, and no one else trains them (before: it waited on, then ended 0)."""
+    _, _, now, hook = wait_at_the_end(graph, moves=(0, ROWS - BATCH))
+    assert now == [ROWS - BATCH, ROWS - BATCH]
+    with pytest.raises(PeerUnavailable, match="put back parts of its own"):
+        hook.check_trained()
+
+
+def test_a_ps_lost_while_it_waits_ends_the_wait_with_138(graph):
+    with pytest.raises(PeerUnavailable, match="ps holding the workers' positions was lost"):
+        wait_at_the_end(graph, moves=None, lose_ps=True)
 
 
 def test_the_resume_line_says_where_the_workers_start_and_what_is_trained_again(tmp_path):
