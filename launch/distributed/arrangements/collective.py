@@ -44,8 +44,14 @@ from launch.runtime.signals import StopSignals
 from launch.runtime.train import train
 
 V1 = tf.compat.v1
-# TensorFlow's refusal of a group that holds another run of one of its devices.
-STALE_INCARNATION = re.compile(r"Device (\S+) current incarnation doesn't match")
+# TensorFlow's errors when a collective meets another run of a worker's device than the
+# one its group was formed with (that worker restarted): the group refused to the new
+# run, or the new run's reply refused to a step of the old group. Each names the device.
+RESTARTED_PEER = (
+    re.compile(r"Device (\S+) current incarnation doesn't match"),
+    re.compile(r'expects a different device incarnation.*?contains the device '
+               r'\(\\?"([^"\\]+)\\?"\) was probably restarted', re.DOTALL),
+)
 
 def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.CollectiveGroup]:
     """This worker's plan (its towers on its devices, its copy of the variables beside
@@ -206,20 +212,20 @@ def run_collective_worker(job: JobConfig, task: Task, write: Callable[[str], Non
 @contextlib.contextmanager
 def peer_failures(task: Task, deadline: StepDeadline) -> Iterator[None]:
     """Collectives that failed on a peer end the worker with 138 (retryable) and one line:
-    a step that ran out of its deadline (a peer stopped or cut off), or a group whose
-    leader still holds a worker's last run (that worker restarted, the leader did not:
-    TensorFlow refuses the group, "current incarnation doesn't match"). Any other error
-    is left as it is."""
+    a step that ran out of its deadline (a peer stopped or cut off), or a collective that
+    met another run of a worker than its group was formed with (that worker restarted,
+    the others did not: TensorFlow refuses it, "incarnation"). Any other error is left
+    as it is."""
     try:
         yield
     except tf.errors.DeadlineExceededError:
         raise PeerUnavailable(stuck_step(task, deadline)) from None
     except tf.errors.FailedPreconditionError as err:
-        restarted = STALE_INCARNATION.search(err.message or "")
-        if restarted is None:
+        found = [m for m in (p.search(err.message or "") for p in RESTARTED_PEER) if m]
+        if not found:
             raise
         raise PeerUnavailable(
-            f"cluster: the collective group's leader still holds the last run of "
-            f"{restarted.group(1)} (that worker restarted and the leader did not); a job "
-            "without ps tasks cannot go on with it. Restart every worker: training resumes "
-            "from the last checkpoint") from None
+            f"cluster: a collective met another run of {found[0].group(1)} than its group "
+            "holds (that worker restarted, the others did not); a job without ps tasks "
+            "cannot go on with it. Restart every worker: training resumes from the last "
+            "checkpoint") from None

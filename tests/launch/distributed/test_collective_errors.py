@@ -18,6 +18,14 @@ STALE_GROUP = (
     "incarnation doesn't match with one in the group. This usually means this worker has "
     "restarted but the collective leader hasn't, or this worker connects to a wrong cluster.")
 
+# As the leader's step met that restarted worker's reply (a one-off run: the chief frozen
+# while worker 1 was killed and started again; exit 1 and a traceback).
+STALE_REPLY = (
+    "From /job:worker/replica:0/task:0:\nRecvBuf expects a different device incarnation: "
+    "5933811734459648091 vs. 17827414500908030027. Your worker job that contains the device "
+    '("/job:worker/replica:0/task:1/device:CPU:0") was probably restarted. Check your worker '
+    "job for the reason why it was restarted.")
+
 
 def _task() -> Task:
     # Ports nothing listens on: a peer that does not answer is found at once.
@@ -33,8 +41,9 @@ def _ending(error: tf.errors.OpError) -> BaseException:
     return raised.value
 
 
-def test_a_group_refused_for_a_restarted_worker_ends_with_138_naming_it():
-    error = _ending(tf.errors.FailedPreconditionError(None, None, STALE_GROUP))
+@pytest.mark.parametrize("message", [STALE_GROUP, STALE_REPLY], ids=["group", "reply"])
+def test_a_collective_that_met_a_restarted_worker_ends_with_138_naming_it(message):
+    error = _ending(tf.errors.FailedPreconditionError(None, None, message))
     assert isinstance(error, PeerUnavailable), error
     assert error.exit_status == EXIT_PEER_UNAVAILABLE
     assert "/job:worker/replica:0/task:1/device:CPU:0" in str(error)
