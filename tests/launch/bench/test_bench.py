@@ -276,7 +276,9 @@ def test_mirrored_row_trains_the_same_model_maths_as_the_towers(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     mirrored = dict(np.load(tmp_path / "mirrored.npz"))
     assert sorted(mirrored) == sorted(towers) and len(towers) > 20
-    changed = [name for name in towers if not np.allclose(towers[name], initial[name])]
+    # Moved at all: a batch norm's gamma can move by less than allclose's 1e-5 in 3 steps
+    # (0.999994 on one run's batches).
+    changed = [name for name in towers if np.any(towers[name] != initial[name])]
     assert len(changed) == len(towers), set(towers) - set(changed)  # the steps trained
     for name, value in towers.items():
         np.testing.assert_allclose(mirrored[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
