@@ -264,6 +264,7 @@ def check_compatible(checkpoint_dir: str, variables: Sequence[tf.Variable] | Non
 
 
 def few(items: list[str], limit: int = 5) -> str:
+    """'a, b, c, d, e and 3 more': the first `limit` of `items`, for a one-line error."""
     shown = ", ".join(items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 

@@ -20,8 +20,9 @@ def startup_line(job: JobConfig, plan: Plan, synchronized: int) -> str:
 
 
 def compute_text(job: JobConfig, plan: Plan, synchronized: int) -> str:
-    """'mixed_float16 (loss scale from 32768), 16-bit gradients, XLA, 4 micro-batches of 64
-    examples, learning rate 0.2 (0.05 x 1024 / 256)': what the step computes and how."""
+    """'mixed_float16 (loss scale from 32768), gradients sent as float16, XLA, 4
+    micro-batches of 64 examples per update, learning rate 0.2 (0.05 x 1024 / 256)': what
+    the step computes and how."""
     parts = [job.towers.precision]
     if job.towers.precision == "mixed_float16":
         parts[0] += f" (loss scale from {job.towers.loss_scale.initial:g})"
