@@ -26,6 +26,7 @@ V1 = tf.compat.v1
 
 CHECKPOINT_BASENAME = "model.ckpt"  # CheckpointSaverHook's prefix: model.ckpt-<step>
 UNRESTORABLE_DIR = "unrestorable"  # where damaged checkpoints are moved, inside checkpoint_dir
+STATE_FILE = "checkpoint"  # the Saver's list of checkpoints (its latest_filename)
 # Errors of a session whose peer went away: not the disk's fault.
 _SESSION_ERRORS = (
     tf.errors.AbortedError,
@@ -110,6 +111,9 @@ def fall_back_to_restorable(checkpoint_dir: str, write: Callable[[str], None]) -
         _move_aside(prefix, checkpoint_dir, write)
     if good is None:
         if named is not None:
+            # A state file naming a checkpoint that is gone would still be restored from
+            # by the session (and fail, at every restart): it goes aside with the rest.
+            _move_aside(os.path.join(checkpoint_dir, STATE_FILE), checkpoint_dir, write)
             write(f"no checkpoint in {checkpoint_dir} can be restored; starting from scratch")
         return None
     if named is None or os.path.abspath(named) != os.path.abspath(good):
@@ -161,7 +165,9 @@ def restore_problem(prefix: str) -> str | None:
 
 
 def _move_aside(prefix: str, checkpoint_dir: str, write: Callable[[str], None]) -> None:
-    files = glob.glob(glob.escape(prefix) + ".*")
+    """Move a checkpoint's files (prefix.*), or the one file at prefix, into
+    UNRESTORABLE_DIR."""
+    files = glob.glob(glob.escape(prefix) + ".*") or glob.glob(glob.escape(prefix))
     if not files:
         return
     aside = os.path.join(checkpoint_dir, UNRESTORABLE_DIR)
