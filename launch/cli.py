@@ -349,8 +349,14 @@ def _run(args) -> int:
     return HANDLERS[args.command](args, job)
 
 
-class _StoppedBeforeStart(Exception):
-    """SIGTERM/SIGINT arrived before the command installed its own handling."""
+class _StoppedBeforeStart(BaseException):
+    """SIGTERM/SIGINT arrived before the command installed its own handling.
+
+    Raised by the signal's handler wherever the main thread then is, often inside
+    TensorFlow's import, whose `except Exception` turned it into a TypeError and a
+    traceback (exit 1; the soak, sync and async seed 401). Like KeyboardInterrupt, it is
+    no Exception, so no library's handler of errors takes it for one of its own.
+    """
 
 
 def _stop_before_start(name: str) -> None:

@@ -37,8 +37,10 @@ V1 = tf.compat.v1
 WRITER_WAIT_SECS = 20.0
 
 
-class _Stop(Exception):
-    """Raised on a stop signal to leave the watch loop between evaluations."""
+class _Stop(BaseException):
+    """Raised on a stop signal to leave the watch loop between evaluations: no Exception,
+    so no `except Exception` of the code it meets (TensorFlow's, a model's) takes it for
+    an error of its own (the same as launch.cli's stop before the start)."""
 
 
 @dataclass(frozen=True)

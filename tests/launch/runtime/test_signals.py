@@ -139,6 +139,41 @@ def test_once_the_training_session_has_ended_a_stop_signal_meets_a_finished_job(
     assert done_when_finishing == [True]
 
 
+# A user's model module whose import meets SIGTERM inside a library's handler of errors,
+# as TensorFlow's own import does (inspect.getfullargspec: `except Exception as ex: raise
+# TypeError('unsupported callable') from ex`).
+MEETS_SIGTERM_WHILE_IMPORTED = '''
+import os, signal
+
+def _library_call():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+        return None
+    except Exception as err:
+        raise TypeError("unsupported callable") from err
+
+_library_call()
+
+def model_fn(features, labels, ctx):
+    raise AssertionError("never built: the stop came first")
+'''
+
+
+def test_a_stop_signal_while_the_job_loads_ends_it_cleanly_whatever_code_it_meets(tmp_path):
+    """The soak (sync and async seed 401): SIGTERM arrived while a task imported
+    TensorFlow; the stop raised inside a library's `except Exception`, which made it a
+    TypeError: exit 1 and a traceback, for a stop the command should end on with 0."""
+    from helpers.commands import run_in_process
+
+    (tmp_path / "meets_sigterm.py").write_text(MEETS_SIGTERM_WHILE_IMPORTED)
+    done = run_in_process("train", "--set", "model.name=meets_sigterm:model_fn",
+                          "--set", f"model.path={tmp_path}",
+                          "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "received SIGTERM before training started; stopping" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "ckpt").exists()
+
+
 # A towers process whose interpreter takes its time to shut down (as one with
 # TensorFlow's threads may): it says when it begins, and ends once told to.
 SLOW_EXIT = '''
