@@ -65,7 +65,9 @@ def write_failures(checkpoint_dir: str) -> Iterator[None]:
 def unwritable(checkpoint_dir: str, reason: str) -> CheckpointWriteError:
     """A write into checkpoint_dir failed (mid-run, or as the job starts: its lock, a
     damaged checkpoint moved aside), as one line naming the latest intact checkpoint."""
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    # The state file may name a checkpoint just moved aside as the job starts.
+    latest = tf.train.latest_checkpoint(checkpoint_dir) or next(
+        (p for p in _candidates(checkpoint_dir, None) if _has_files(p)), None)
     return CheckpointWriteError(
         f"train.checkpoint_dir: cannot write in {checkpoint_dir} ({reason}); the latest "
         f"complete checkpoint is {latest or 'none'}. Free space or fix the directory, then "
@@ -118,11 +120,12 @@ def fall_back_to_restorable(checkpoint_dir: str, write: Callable[[str], None]) -
         return None
     if named is None or os.path.abspath(named) != os.path.abspath(good):
         kept = [p for p in reversed(candidates) if _step(p) <= _step(good) and _has_files(p)]
-        V1.train.update_checkpoint_state(
-            checkpoint_dir,
-            os.path.basename(good),
-            all_model_checkpoint_paths=[os.path.basename(p) for p in kept[-_MAX_LISTED:]],
-        )
+        with write_failures(checkpoint_dir):  # the disk full as the job starts (soak seed 403)
+            V1.train.update_checkpoint_state(
+                checkpoint_dir,
+                os.path.basename(good),
+                all_model_checkpoint_paths=[os.path.basename(p) for p in kept[-_MAX_LISTED:]],
+            )
         write(f"{good} is the newest checkpoint that restores; it is the latest now")
     return good
 
