@@ -42,7 +42,8 @@ from launch.cli_help import (
 )
 from launch.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, TowersError
 from launch.log import log, quiet_tensorflow, use_graph_mode
-from launch.runtime.signals import StopSignals, is_work_done, work_done
+from launch.runtime.before_start import StoppedBeforeStart, stops_before_start
+from launch.runtime.signals import work_done
 
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -349,22 +350,6 @@ def _run(args) -> int:
     return HANDLERS[args.command](args, job)
 
 
-class _StoppedBeforeStart(BaseException):
-    """SIGTERM/SIGINT arrived before the command installed its own handling.
-
-    Raised by the signal's handler wherever the main thread then is, often inside
-    TensorFlow's import, whose `except Exception` turned it into a TypeError and a
-    traceback (exit 1; the soak, sync and async seed 401). Like KeyboardInterrupt, it is
-    no Exception, so no library's handler of errors takes it for one of its own.
-    """
-
-
-def _stop_before_start(name: str) -> None:
-    if is_work_done():  # the job has ended: it hands over its result and exits 0
-        return
-    raise _StoppedBeforeStart(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "shards", 1) < 1:
@@ -372,15 +357,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     source = args.config or "<built-in job>"
     work_done(False)
-    # Until training begins (its loop then takes these signals over), a stop request
-    # finds nothing to save: exit cleanly instead of dying by the signal, so an
-    # orchestrator or local-cluster sees a task that stopped, not one that failed.
     # local-cluster forwards signals itself.
-    stop = StopSignals(_stop_before_start) if args.command != "local-cluster" else nullcontext()
+    stop = stops_before_start() if args.command != "local-cluster" else nullcontext()
     try:
         with stop:
             return _run(args)
-    except _StoppedBeforeStart as stopped:
+    except StoppedBeforeStart as stopped:
         print(f"towers: received {stopped} before training started; stopping", file=sys.stderr)
         return EXIT_OK
     except BadInput as err:

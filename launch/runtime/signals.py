@@ -3,7 +3,9 @@
 Every part of towers that must stop cleanly (the training loop, the evaluator's
 watch, a ps task, the local-cluster launcher, the command before training starts)
 uses this class, so each restores the handler it replaced when its block ends and
-nested blocks unwind in order.
+nested blocks unwind in order. A stop that a `hand_over` block (the command's own, before
+its work begins) received is taken over by the next block opened inside it, which begins
+stopped: the outer block's own action may not have happened (see _take_over).
 
 Python runs a signal handler in the main thread, between bytecodes: never while that
 thread waits inside TensorFlow (a synchronous step blocked on a peer that has
@@ -26,6 +28,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _ignoring = False  # set by ignore_from_now, for the rest of the process
 _done = False  # set by work_done
+_handed_over: int | None = None  # a stop a hand_over block received, not yet taken over
 
 
 def work_done(done: bool = True) -> None:
@@ -78,8 +81,10 @@ class StopSignals:
         escalate: bool = False,
         notify_threads: bool = False,
         on_arrival: Callable[[str], None] | None = None,
+        hand_over: bool = False,
     ) -> None:
         self._on_stop = on_stop
+        self._hand_over = hand_over
         self._escalate = escalate
         self._notify_threads = notify_threads
         self._on_arrival = on_arrival
@@ -91,16 +96,37 @@ class StopSignals:
         self.arrived = threading.Event()  # for other threads: a stop signal has arrived
 
     def __enter__(self) -> StopSignals:
+        global _handed_over
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         if self._notify_threads:
             self._wakeup = _WakeupReader(self._arrive)
+        if _handed_over is not None and not _done:
+            signum, _handed_over = _handed_over, None
+            try:
+                self._take_over(signum)
+            except BaseException:
+                self.__exit__()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:
+        global _handed_over
         self._restore()
         if self._wakeup is not None:
             self._wakeup.close()
             self._wakeup = None
+        if self._hand_over:  # the command has ended (in-process callers run several)
+            _handed_over = None
+
+    def _take_over(self, signum: int) -> None:
+        """Begin stopped, by a stop a hand_over block received. That block's action may
+        have been lost: what its on_stop raised is dropped where Python cannot pass it on
+        (a weakref callback, a __del__; the soak, async seed 406: a ps then served on for
+        good)."""
+        self._handled = True
+        self._arrive(signum)
+        if self._on_stop is not None:
+            self._on_stop(self.received)
 
     def __bool__(self) -> bool:
         return self.received is not None
@@ -119,10 +145,13 @@ class StopSignals:
     def _arrive(self, signum: int) -> None:
         """The first stop signal, noticed by the main thread's handler or the wakeup
         thread, whichever comes first."""
+        global _handed_over
         with self._lock:
             if self.received is not None:
                 return
             self.received = signal.Signals(signum).name
+            if self._hand_over:
+                _handed_over = signum
         self.arrived.set()
         if self._on_arrival is not None:
             self._on_arrival(self.received)

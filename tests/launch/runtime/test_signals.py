@@ -174,6 +174,67 @@ def test_a_stop_signal_while_the_job_loads_ends_it_cleanly_whatever_code_it_meet
     assert "Traceback" not in done.stderr and not (tmp_path / "ckpt").exists()
 
 
+# A user's model module whose import meets SIGTERM inside a weakref callback, where
+# Python drops whatever is raised (as importlib's own module-lock callbacks do: the
+# soak, async seed 406).
+MEETS_SIGTERM_IN_A_CALLBACK = '''
+import os, signal, weakref
+
+import models
+import models.mlp
+
+class _Thing:
+    pass
+
+def _callback(ref):
+    os.kill(os.getpid(), signal.SIGTERM)
+
+_thing = _Thing()
+_ref = weakref.ref(_thing, _callback)
+del _thing  # the callback runs here, and the stop's handler inside it
+
+def build(*, input_dim, hidden_units, num_classes):
+    return models.mlp.build_model_fn(models.mlp.Params(input_dim, tuple(hidden_units),
+                                                       num_classes))
+
+build.input_spec = models.build("mlp", {"input_dim": 4, "num_classes": 2}).input_spec
+'''
+
+
+def test_a_stop_whose_action_python_dropped_is_taken_over_by_the_next_block(tmp_path):
+    """The soak (async seed 406): SIGTERM reached a ps while it imported, inside a
+    callback whose exception Python drops ("Exception ignored in", a traceback); the ps
+    then served on until killed. The stop now carries into the work's own handling."""
+    from helpers.commands import last_json, run_in_process
+
+    (tmp_path / "in_a_callback.py").write_text(MEETS_SIGTERM_IN_A_CALLBACK)
+    done = run_in_process("train", "--set", "model.name=in_a_callback:build",
+                          "--set", f"model.path={tmp_path}", "--set", "model.input_dim=4",
+                          "--set", "model.hidden_units=[4]", "--set", "model.num_classes=2",
+                          "--set", "data.source=synthetic", "--set", "train.batch_size=4",
+                          "--set", "train.steps=200",
+                          "--set", f"train.checkpoint_dir={tmp_path / 'ckpt'}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    assert "received SIGTERM" in done.stderr
+    assert last_json(done.stdout)["global_step"] < 200  # stopped, not trained to the end
+
+
+def test_a_block_opened_inside_one_that_received_a_stop_begins_stopped(monkeypatch):
+    from launch.runtime import signals as signals_module
+
+    monkeypatch.setattr(signals_module, "_done", False)  # as a command begins
+    with StopSignals(hand_over=True) as outer:
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(lambda: outer.received, "the outer block to hear the signal")
+        with StopSignals() as inner:
+            assert inner.received == "SIGTERM" and inner.arrived.is_set()
+        with StopSignals() as second:  # taken over once: a block for a second signal
+            assert second.received is None
+    with StopSignals() as later:  # the command that received it has ended
+        assert later.received is None
+
+
 # A towers process whose interpreter takes its time to shut down (as one with
 # TensorFlow's threads may): it says when it begins, and ends once told to.
 SLOW_EXIT = '''
