@@ -91,6 +91,10 @@ class StallWatch(V1.train.SessionRunHook):
         self._session = None
         self._finished = 0  # steps of this session
         self._reading: threading.Thread | None = None
+        # A step's end and a warning are written one at a time: a warning whose step ended
+        # while the watch asked what it waits for is not written (it came after "steps go
+        # on again", under load).
+        self._lock = threading.Lock()
 
     def begin(self) -> None:
         self._taken = batches_taken(V1.get_default_graph())
@@ -103,13 +107,14 @@ class StallWatch(V1.train.SessionRunHook):
             self._thread.start()
 
     def after_run(self, run_context, run_values) -> None:
-        self._finished += 1
-        now = time.monotonic()
-        if self._warned:
-            self._write(f"steps go on again after {now - self._last_end:.0f} s without one")
-        self._last_end = now
-        self._next_warning = self._warning
-        self._warned = False
+        with self._lock:
+            self._finished += 1
+            now = time.monotonic()
+            if self._warned:
+                self._write(f"steps go on again after {now - self._last_end:.0f} s without one")
+            self._last_end = now
+            self._next_warning = self._warning
+            self._warned = False
 
     def end(self, session) -> None:
         self.stop()
@@ -144,9 +149,13 @@ class StallWatch(V1.train.SessionRunHook):
                 f"{self._what_it_waits_for()}. Restart the job: training resumes from the "
                 "last checkpoint"))
         if stalled >= self._next_warning:
-            self._warned = True
-            self._write(stall_text(stalled, self._warning, self._what_it_waits_for()))
-            self._next_warning = 2 * max(stalled, self._warning)  # less often as it lasts
+            finished = self._finished
+            text = stall_text(stalled, self._warning, self._what_it_waits_for())
+            with self._lock:
+                if self._finished == finished:  # no step ended while it was asked
+                    self._warned = True
+                    self._write(text)
+                    self._next_warning = 2 * max(stalled, self._warning)  # less often
         return now
 
     def _what_it_waits_for(self) -> str:

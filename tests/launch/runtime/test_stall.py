@@ -46,6 +46,22 @@ def test_a_blocked_step_is_named_then_named_less_often_then_aborted():
     assert lines[-1].startswith("steps go on again after ")
 
 
+def test_a_step_that_ends_while_the_watch_asks_what_it_waits_for_is_not_called_stalled():
+    """A fresh-clone run beside the soak: the watch asked what the step waited for (a read
+    of the session, seconds under load), the step ended meanwhile and said "steps go on
+    again", and the watch's warning came after it, for a step that had finished."""
+    lines = []
+
+    def cause() -> str:
+        watch.after_run(None, None)  # the step ends while the watch asks
+        return "the input gives nothing"
+
+    watch = StallWatch(0.4, None, cause, lines.append, lambda error: None)
+    start = time.monotonic()
+    watch.look(start + 0.5, start + 1.0)
+    assert lines == []
+
+
 def first_stall_line(make_step) -> str:
     """The first warning about a step that blocks until the watch's abort lets it go.
 
