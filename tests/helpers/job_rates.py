@@ -2,7 +2,7 @@
 every worker's own steps in its timed span (its JSON result's `timed`) times its share
 of the global batch (its start-up line), over the span from the first worker's start to
 the last one's end. The chief reports the job's rate from the global step instead; the
-two must agree within 5%, and the chief's own rate be clearly less (one worker's of
+two must agree within 20%, and the chief's own rate be clearly less (one worker's of
 two: what towers reported as the job's before 1b32783). Shared by the collective job of
 tests/launch/distributed/test_throughput_figures.py and the ps/worker one of
 tests/launch/modelref/test_user_models_e2e.py (a cluster that test starts anyway)."""
@@ -37,7 +37,10 @@ def check_job_rate(run: subprocess.CompletedProcess) -> None:
     reported = json.loads(run.stdout.strip().splitlines()[-1])  # local-cluster's: the chief's
     print(f"recomputed {recomputed:.1f}, reported {reported['job_examples_per_sec']:.1f}, "
           f"the chief's own {reported['process_examples_per_sec']:.1f}")
-    assert reported["job_examples_per_sec"] == pytest.approx(recomputed, rel=0.05)
+    # The two spans differ by how the workers' timed windows line up, which load skews
+    # (12% apart in a run beside the soak, at load 6); the defect this guards against,
+    # one worker's rate reported as the job's, is 50% off.
+    assert reported["job_examples_per_sec"] == pytest.approx(recomputed, rel=0.2)
     # One worker's of two: its share of the steps follows the workers' speeds (an
     # asynchronous chief ran 75% of them in one quiet run), never all of them, which is
     # what reporting the chief's own rate as the job's would show.
