@@ -146,15 +146,25 @@ class StopSignals:
         """The first stop signal, noticed by the main thread's handler or the wakeup
         thread, whichever comes first."""
         global _handed_over
+        if self._receive(signal.Signals(signum).name) and self._hand_over:
+            _handed_over = signum
+
+    def arrive_from_peer(self, what: str = "another process's stop signal") -> None:
+        """A stop that another process of the job received (its stop vote, after the same
+        step): this process stops as if it were its own, and says so (its result's
+        stopped_by; as finished, an orchestrator would take the job for done)."""
+        self._receive(what)
+
+    def _receive(self, name: str) -> bool:
+        """Record the first stop; False if one was recorded before."""
         with self._lock:
             if self.received is not None:
-                return
-            self.received = signal.Signals(signum).name
-            if self._hand_over:
-                _handed_over = signum
+                return False
+            self.received = name
         self.arrived.set()
         if self._on_arrival is not None:
             self._on_arrival(self.received)
+        return True
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -41,4 +41,7 @@ class StopVoteHook(V1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values) -> None:
         if run_values.results > 0:
+            # Stopped by another's signal, it is no finished process (soak collective
+            # seed 419: the chief's result said nothing, and it was taken for done).
+            self._stop.arrive_from_peer()
             run_context.request_stop()
