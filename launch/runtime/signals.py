@@ -64,9 +64,12 @@ class StopSignals:
 
     on_stop: called with the signal's name ("SIGTERM") when the first one
         arrives; it may raise, to break out of a blocking call in the main thread.
-    escalate: a second signal while the first is being acted on raises
-        KeyboardInterrupt (handlers restored first): a user pressing Ctrl-C twice
-        means "stop now", not "after the checkpoint".
+    escalate: a SIGINT while a first stop is being acted on raises KeyboardInterrupt
+        (handlers restored first): a user pressing Ctrl-C twice means "stop now", not
+        "after the checkpoint". A second SIGTERM does not: orchestrators send more than
+        one (Slurm's scancel and its own, a restart of every task while one stops), and
+        the stop they asked for is under way, bounded by train.stop_timeout_secs (it
+        ended a stopping worker by SIGINT with a traceback: soak collective seed 423).
     notify_threads: set `arrived` as soon as a signal arrives, even while the main
         thread is blocked in a C++ call (see the module docstring).
     on_arrival: called once with the signal's name when the first one arrives, from
@@ -133,7 +136,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         if self._handled:
-            if self._escalate:
+            if self._escalate and signum == signal.SIGINT:
                 self._restore()
                 raise KeyboardInterrupt
             return

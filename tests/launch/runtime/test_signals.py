@@ -235,6 +235,21 @@ def test_a_block_opened_inside_one_that_received_a_stop_begins_stopped(monkeypat
         assert later.received is None
 
 
+def test_a_second_sigterm_leaves_the_stop_under_way_and_a_second_ctrl_c_stops_now():
+    """Soak collective seed 423: the schedule's SIGTERM, then the restart's SIGTERM to
+    every task 0.1 s later; the second raised KeyboardInterrupt into the stopping
+    worker's step: a traceback and death by SIGINT instead of its checkpoint and exit 0.
+    Orchestrators send SIGTERM more than once; only a user's second Ctrl-C means now."""
+    with StopSignals(escalate=True) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        wait_until(lambda: stop.received, "the first signal")
+        os.kill(os.getpid(), signal.SIGTERM)  # raised KeyboardInterrupt here before
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_until(lambda: False, "the second Ctrl-C", timeout=30)
+    assert stop.received == "SIGTERM"
+
+
 # A towers process whose interpreter takes its time to shut down (as one with
 # TensorFlow's threads may): it says when it begins, and ends once told to.
 SLOW_EXIT = '''
