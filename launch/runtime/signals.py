@@ -5,7 +5,7 @@ watch, a ps task, the local-cluster launcher, the command before training starts
 uses this class, so each restores the handler it replaced when its block ends and
 nested blocks unwind in order. A stop that a `hand_over` block (the command's own, before
 its work begins) received is taken over by the next block opened inside it, which begins
-stopped: the outer block's own action may not have happened (see _take_over).
+stopped: the outer block's own action may not have happened (see __enter__).
 
 Python runs a signal handler in the main thread, between bytecodes: never while that
 thread waits inside TensorFlow (a synchronous step blocked on a peer that has
@@ -104,9 +104,13 @@ class StopSignals:
         if self._notify_threads:
             self._wakeup = _WakeupReader(self._arrive)
         if _handed_over is not None and not _done:
+            # Begin stopped, by the stop a hand_over block received: that block's action
+            # may have been lost, what its on_stop raised dropped where Python cannot pass
+            # it on (a weakref callback, a __del__; the soak, async seed 406: a ps then
+            # served on for good).
             signum, _handed_over = _handed_over, None
             try:
-                self._take_over(signum)
+                self._act_on(signum)
             except BaseException:
                 self.__exit__()
                 raise
@@ -121,16 +125,6 @@ class StopSignals:
         if self._hand_over:  # the command has ended (in-process callers run several)
             _handed_over = None
 
-    def _take_over(self, signum: int) -> None:
-        """Begin stopped, by a stop a hand_over block received. That block's action may
-        have been lost: what its on_stop raised is dropped where Python cannot pass it on
-        (a weakref callback, a __del__; the soak, async seed 406: a ps then served on for
-        good)."""
-        self._handled = True
-        self._arrive(signum)
-        if self._on_stop is not None:
-            self._on_stop(self.received)
-
     def __bool__(self) -> bool:
         return self.received is not None
 
@@ -140,6 +134,10 @@ class StopSignals:
                 self._restore()
                 raise KeyboardInterrupt
             return
+        self._act_on(signum)
+
+    def _act_on(self, signum: int) -> None:
+        """The main thread's action on the first stop: its own signal, or one taken over."""
         self._handled = True
         self._arrive(signum)
         if self._on_stop is not None:
