@@ -9,7 +9,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from towers import averages as averages_lib
-from towers import batch_stats
+from towers import batch_stats, state_updates
 from towers import nonfinite as nonfinite_lib
 from towers import precision as precision_lib
 from towers.accumulate import build_step
@@ -32,6 +32,10 @@ class TrainOps(NamedTuple):
     loss: scalar, the example-weighted mean loss over the global batch.
     metrics: scalars, each the example-weighted mean of the towers' metric.
     global_step: the int64 step variable.
+    step_started: int64 scalar, the global step as this step began: read before
+        anything the step runs can increment it. Fetch this, not global_step, to
+        number the step: a fetched variable is read at any moment of the step,
+        after its increment in a few steps of a thousand.
     gradient_norm: scalar, global norm of the combined gradient before clipping.
     sync_op: copies tower 0's variables (and optimizer slots) into the other
         towers' copies; run it after initialising or restoring. A no-op where
@@ -68,6 +72,7 @@ class TrainOps(NamedTuple):
     overflow: tf.Tensor | None = None
     tower_outputs: tuple[TowerOutputs, ...] = ()
     synchronized_statistics: int = 0
+    step_started: tf.Tensor | None = None
 
 
 class EvalOps(NamedTuple):
@@ -163,6 +168,7 @@ def build_train_op(
     _warn_unsynchronized(batch_norm, sums)
     towers = step.towers
     pairs, norm = mode.combine_gradients(towers, step.gradients, clip_norm)
+    started, pairs, norm = _read_step_first(global_step, pairs, norm)
     loss, metrics = _combine_outputs(step.built, step.weights, home)
     loss, metrics, every_step = mode.combine_outputs(loss, metrics, home)
 
@@ -188,7 +194,19 @@ def build_train_op(
     return TrainOps(train_op, loss, metrics, global_step, norm, sync_op,
                     _init_op(mode, towers, optimizer), guarded.applied,
                     scaler.value if scaler else None, guarded.overflow,
-                    tuple(t.outputs for t in step.built), sums[0].statistics if sums else 0)
+                    tuple(t.outputs for t in step.built), sums[0].statistics if sums else 0,
+                    started)
+
+
+def _read_step_first(global_step: tf.Variable, pairs: list[tuple], norm: tf.Tensor
+                     ) -> tuple[tf.Tensor, list[tuple], tf.Tensor]:
+    """A read of the global step, and the combined gradients and their norm (scalar) as
+    values that exist only after it. Every increment of the step waits on them: the
+    apply's, and the skip's under nonfinite="skip", whose condition is the norm's."""
+    with tf.name_scope("step_started"):
+        started = tf.identity(global_step.read_value())
+    return started, state_updates.first([started.op], pairs), \
+        state_updates.after([started.op], norm)
 
 
 def build_eval_ops(

@@ -81,7 +81,7 @@ def build_case(job, name: str, exporter) -> Case:
         ops, scaffold, rate, *_ = build_training_graph(job, plan)
         served = metrics.training_hooks(
             exporter, ops, rate, len(plan.devices), plan.process_batch_size, job.session)
-        progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
+        progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.step_started,
                                 plan.process_batch_size, 10**9, 10**9, None, lambda line: None,
                                 on_step=served.on_step)
         hooks = [*served.hooks, progress]

@@ -101,7 +101,7 @@ def build_case(job, name: str, phases_on: bool) -> tuple[Case, TimedHook | None]
     with graph.as_default():
         ops, scaffold, *_ = build_training_graph(job, plan)
         phases = StepPhases()
-        progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.global_step,
+        progress = ProgressHook({"loss": ops.loss, **ops.metrics}, ops.step_started,
                                 plan.process_batch_size, 10**9, 10**9, None, lambda line: None,
                                 phases=phases.window_text)
         hooks = [progress]

@@ -60,6 +60,8 @@ class ProgressHook(V1.train.SessionRunHook):
     process's; launch/metrics/throughput.py). Writes both rates to TensorBoard beside
     the graph's own summaries.
 
+    global_step: the step as each step began (towers.TrainOps.step_started, read
+    before the step increments it), which the line numbers steps from.
     last: the job's last step (train.steps, or where the data's passes end if sooner:
     launch.runtime.hooks.LastStep), which the line counts to and the ETA aims at.
     batch_size: this process's examples per step. job_examples_per_step: the examples

@@ -198,7 +198,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     last_save = checkpoints.LastSave()
     progress = ProgressHook(
         {"loss": ops.loss, **ops.metrics},
-        ops.global_step,
+        ops.step_started,
         plan.process_batch_size,
         last,
         cfg.log_every_steps,
@@ -230,7 +230,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
     ]
     loss_scale = None
     if ops.loss_scale is not None:
-        loss_scale = LossScaleHook(ops.overflow, ops.loss_scale, ops.global_step, write,
+        loss_scale = LossScaleHook(ops.overflow, ops.loss_scale, ops.step_started, write,
                                    served.on_overflow)
         hooks.append(loss_scale)
     if cfg.timeline:
@@ -241,7 +241,7 @@ def _loop_hooks(job, plan, role, built: TrainingGraph, resumed: str | None, expo
         hooks.append(ProfileHook(profile_dir(cfg.checkpoint_dir, role.label), cfg.profile_steps,
                                  write))
     if cfg.on_nonfinite == "skip":
-        hooks.append(SkipNonFiniteHook(ops.all_finite, ops.global_step,
+        hooks.append(SkipNonFiniteHook(ops.all_finite, ops.step_started,
                                        cfg.max_nonfinite_steps, write, ops.overflow))
     others_parts = _others_parts(built, data_position, stop, role, stall, write)
     if not role.writes:

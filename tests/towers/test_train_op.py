@@ -218,3 +218,59 @@ def test_non_scalar_loss_is_rejected(graph):
     with pytest.raises(ValueError, match="loss must be a scalar"):
         towers.build_train_op(per_example, tf.zeros([4, 4]), tf.zeros([4], tf.int32),
                               momentum(), cpus(2))
+
+
+
+def _writes_of(handle: tf.Tensor) -> list[tf.compat.v1.Operation]:
+    """The ops that can change the variable behind `handle`: those its handle reaches
+    (through Switch or Identity, or as a cond's captured input) that are no read."""
+    reads = {"ReadVariableOp", "VarIsInitializedOp", "Switch", "Identity", "Merge"}
+    found, todo, seen = [], [handle], set()
+    while todo:
+        for op in todo.pop().consumers():
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type in reads:
+                todo.extend(op.outputs)
+            else:
+                found.append(op)
+    return found
+
+
+def _ancestors(op: tf.compat.v1.Operation) -> set:
+    seen, todo = set(), [op]
+    while todo:
+        current = todo.pop()
+        for before in [t.op for t in current.inputs] + list(current.control_inputs):
+            if before not in seen:
+                seen.add(before)
+                todo.append(before)
+    return seen
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"nonfinite": "apply"}, {"nonfinite": "raise"}, {"nonfinite": "skip"},
+    {"nonfinite": "skip", "precision": "mixed_float16"},
+    {"nonfinite": "apply", "variable_update": "replicated"},
+], ids=["apply", "raise", "skip", "skip-loss-scale", "replicated"])
+def test_every_increment_of_the_step_waits_for_its_read(graph, kwargs):
+    """A fetched variable may be read after the step increments it (a few steps in a
+    thousand): step_started is read first, so a hook numbering steps counts each once."""
+    ops = towers.build_train_op(tiny_classifier, tf.ones([4, 4]), tf.zeros([4], tf.int32),
+                                momentum(), cpus(2), **kwargs)
+    writes = [op for op in _writes_of(ops.global_step.handle)
+              if op is not ops.global_step.initializer]
+    assert writes
+    assert all(ops.step_started.op in _ancestors(op) for op in writes), \
+        [op.name for op in writes if ops.step_started.op not in _ancestors(op)]
+
+
+def test_the_step_started_counts_every_step_once(graph):
+    ops = towers.build_train_op(tiny_classifier, tf.ones([4, 4]), tf.zeros([4], tf.int32),
+                                momentum(), cpus(2), nonfinite="skip")
+    steps = 2000
+    with tf.compat.v1.Session(config=quick_session_config(2)) as sess:
+        sess.run(ops.init_op)
+        started = [sess.run([ops.train_op, ops.step_started])[1] for _ in range(steps)]
+    assert started == list(range(steps))
