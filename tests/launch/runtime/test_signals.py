@@ -220,6 +220,30 @@ def test_a_stop_whose_action_python_dropped_is_taken_over_by_the_next_block(tmp_
     assert last_json(done.stdout)["global_step"] < 200  # stopped, not trained to the end
 
 
+def test_a_stop_raised_while_tensorflow_makes_an_error_is_still_the_stop(graph, monkeypatch):
+    """The soak (sync seed 505): SIGTERM reached a worker as TensorFlow's C++ made the
+    error of a timed-out read, inside the error's __init__; pybind11 reported the stop
+    that replaced it as a RuntimeError: exit 1 and a traceback."""
+    from tensorflow.python.framework import errors_impl
+
+    from launch.runtime import signals as signals_module
+    from launch.runtime.before_start import StoppedBeforeStart, stops_before_start
+
+    monkeypatch.setattr(signals_module, "_done", False)  # as a command begins
+    made = errors_impl.InvalidArgumentError.__init__
+
+    def meets_sigterm(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(errors_impl.InvalidArgumentError, "__init__", meets_sigterm)
+    value = V1.placeholder(tf.float32, [])
+    checked = tf.debugging.check_numerics(value, "not a number")
+    with pytest.raises(StoppedBeforeStart, match="SIGTERM"):
+        with stops_before_start(), V1.Session() as sess:
+            sess.run(checked, {value: float("nan")})
+
+
 def test_a_block_opened_inside_one_that_received_a_stop_begins_stopped(monkeypatch):
     from launch.runtime import signals as signals_module
 
