@@ -46,11 +46,13 @@ from launch.runtime.train import train
 V1 = tf.compat.v1
 # TensorFlow's errors when a collective meets another run of a worker's device than the
 # one its group was formed with (that worker restarted): the group refused to the new
-# run, or the new run's reply refused to a step of the old group. Each names the device.
+# run, the new run's reply refused to a step of the old group, or the new run, asked
+# about the group, no longer held it. Each names the device, or the task, restarted.
 RESTARTED_PEER = (
     re.compile(r"Device (\S+) current incarnation doesn't match"),
     re.compile(r'expects a different device incarnation.*?contains the device '
                r'\(\\?"([^"\\]+)\\?"\) was probably restarted', re.DOTALL),
+    re.compile(r"remote target (\S+) while calling \S+\n[^\n]*group \d+ failed to resolve"),
 )
 
 def collective_plan(job: JobConfig, task: Task) -> tuple[Plan, towers.CollectiveGroup]:
