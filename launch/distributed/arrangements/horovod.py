@@ -13,10 +13,12 @@ initialised) to the other ranks. Every rank serves metrics on metrics.port + ran
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -41,8 +43,12 @@ from launch.runtime.train import train as train_job
 
 V1 = tf.compat.v1
 
-# What Horovod's collectives raise, in every rank still running, once a rank has left.
-SHUT_DOWN = "Horovod has been shut down"
+# What a collective raises in a rank still running once another rank has left: Horovod's
+# own error once it has shut down, or Gloo's, from a connection the leaving rank closed
+# mid-exchange (the soak, horovod seed 629: "[.../gloo/transport/tcp/pair.cc:589] Read
+# error [127.0.0.1]:15284: Connection reset by peer").
+RANK_LEFT = re.compile(r"Horovod has been shut down|gloo/transport/\S+ (Read|Write) error "
+                       r".*(reset by peer|closed by peer|Broken pipe)")
 
 INSTALL = (
     "horovod is not installed; install it with `make horovod` "
@@ -247,15 +253,22 @@ def train(job: JobConfig, write: Callable[[str], None] = log) -> dict:
         write(f"horovod {version()}: rank {rank.rank} of {rank.size}, "
               f"{plan.process_batch_size} of every {job.train.batch_size} examples")
         role = HorovodRole(hvd, rank, job, write, exporter)
-        try:
+        with ranks_leaving(rank.rank):
             return train_job(job, plan=plan, role=role, exporter=exporter, write=write)
-        except tf.errors.OpError as err:
-            if SHUT_DOWN not in (err.message or ""):
-                raise
-            raise PeerUnavailable(
-                f"horovod: rank {rank.rank}'s collective failed: another rank has left the "
-                "job (Horovod has been shut down). Restart the job: training resumes from "
-                "the last checkpoint") from None
+
+
+@contextlib.contextmanager
+def ranks_leaving(rank: int) -> Iterator[None]:
+    """A collective that failed because another rank left the job ends this one with 138
+    (retryable) and one line; any other error is left as it is."""
+    try:
+        yield
+    except tf.errors.OpError as err:
+        if not RANK_LEFT.search(err.message or ""):
+            raise
+        raise PeerUnavailable(
+            f"horovod: rank {rank}'s collective failed: another rank has left the job. "
+            "Restart the job: training resumes from the last checkpoint") from None
 
 
 def _check_stalls_after(seconds: float) -> None:
