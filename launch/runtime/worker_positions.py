@@ -117,15 +117,28 @@ class OthersPartsHook(V1.train.SessionRunHook):
         self.untrained: str | None = None
 
     def end(self, session) -> None:
-        now = self._positions.read(session)
+        # A stop first: no wait then, and no read of a ps that may have gone with it (the
+        # soak, async seed 721: SIGTERM to the workers as ps 0 was killed).
+        if self._stopped():
+            return
+        now = self._read(session)
         left = self._left(now)
-        if self._stopped() or left[self._positions.rank]:
+        if left[self._positions.rank]:
             return
         if sum(left):
             self._on_wait()
             self._write(f"{sum(left)} part(s) of the data's passes left to the other "
                         "workers: waiting for them")
         self.untrained = self._wait(session, now, left)
+
+    def _read(self, session) -> list[int]:
+        try:
+            return self._positions.read(session)
+        except tf.errors.OpError:  # the ps holding them has gone, or restarted
+            raise PeerUnavailable(
+                "data.epochs: the ps holding the workers' positions was lost as this worker "
+                "ended; nothing can be saved without it. Restart the job's tasks: training "
+                "resumes from the last checkpoint and trains what it has not") from None
 
     def _wait(self, session, now: list[int], left: list[int]) -> str | None:
         moved = time.monotonic()
@@ -137,14 +150,7 @@ class OthersPartsHook(V1.train.SessionRunHook):
                 return (f"{sum(left)} part(s) of the data's passes were not trained: the "
                         f"workers' positions stood still for {self._wait_secs:g} s")
             time.sleep(POLL_SECS)
-            try:
-                before, now = now, self._positions.read(session)
-            except tf.errors.OpError:  # the ps holding them has gone, or restarted
-                raise PeerUnavailable(
-                    "data.epochs: the ps holding the workers' positions was lost while this "
-                    "worker waited for the others' parts; nothing can be saved without it. "
-                    "Restart the job's tasks: training resumes from the last checkpoint "
-                    "and trains what it has not") from None
+            before, now = now, self._read(session)
             left = self._left(now)
             if left[self._positions.rank]:
                 return ("a checkpoint restored under this worker put back parts of its own "

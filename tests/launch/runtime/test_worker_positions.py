@@ -134,7 +134,7 @@ def test_a_worker_whose_position_is_restored_under_it_goes_on_there(graph):
 
 
 def wait_at_the_end(graph, moves: tuple[int, int] | None, wait_secs: float = 30.0,
-                    lose_ps: bool = False):
+                    lose_ps: bool = False, gone_first: bool = False, stopped: bool = False):
     """Worker 0 of 2, its parts of the pass (10 global batches) done, worker 1's one part
     short; ``moves``: (worker, position) a thread sets while it waits (worker 1 trains
     its part, or a checkpoint restored under worker 0 puts one of its own back);
@@ -148,11 +148,15 @@ def wait_at_the_end(graph, moves: tuple[int, int] | None, wait_secs: float = 30.
     positions = WorkerPositions(2, 0, BATCH, "/cpu:0")
     lines, stopped_watch = [], []
     left = lambda now: [max(ROWS - p, 0) // BATCH for p in now]  # noqa: E731
-    hook = OthersPartsHook(positions, left, lambda: False, wait_secs, lines.append,
+    hook = OthersPartsHook(positions, left, lambda: stopped, wait_secs, lines.append,
                            on_wait=lambda: stopped_watch.append(True))
     with V1.Session(graph=graph) as sess:
         sess.run(V1.global_variables_initializer())
         positions.set(sess, [ROWS, ROWS - BATCH])
+        if gone_first:  # lost before the session's end, as the worker's stop arrived
+            sess.run(tf.raw_ops.DestroyResourceOp(resource=positions.live.handle))
+            hook.end(sess)
+            return lines, stopped_watch, None, hook
         if moves is not None:
             move = V1.scatter_update(positions.live, [moves[0]], [moves[1]])
             threading.Timer(0.3, lambda: sess.run(move)).start()
@@ -197,6 +201,19 @@ def test_a_restore_that_puts_back_its_own_parts_ends_the_wait_with_138(graph):
 def test_a_ps_lost_while_it_waits_ends_the_wait_with_138(graph):
     with pytest.raises(PeerUnavailable, match="ps holding the workers' positions was lost"):
         wait_at_the_end(graph, moves=None, lose_ps=True)
+
+
+def test_a_ps_lost_before_the_end_ends_it_with_138(graph):
+    with pytest.raises(PeerUnavailable, match="ps holding the workers' positions was lost"):
+        wait_at_the_end(graph, moves=None, gone_first=True)
+
+
+def test_a_stopped_worker_ends_without_reading_the_positions_of_a_ps_gone_with_it(graph):
+    """The soak (async seed 721): SIGTERM to both workers as ps 0 was killed; the stopped
+    chief's end read the positions from the dead ps: a traceback and exit 1."""
+    lines, stopped_watch, _, hook = wait_at_the_end(graph, moves=None, gone_first=True,
+                                                    stopped=True)
+    assert lines == [] and not stopped_watch and hook.untrained is None
 
 
 def test_the_resume_line_says_where_the_workers_start_and_what_is_trained_again(tmp_path):
