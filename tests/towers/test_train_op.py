@@ -220,7 +220,6 @@ def test_non_scalar_loss_is_rejected(graph):
                               momentum(), cpus(2))
 
 
-
 def _writes_of(handle: tf.Tensor) -> list[tf.compat.v1.Operation]:
     """The ops that can change the variable behind `handle`: those its handle reaches
     (through Switch or Identity, or as a cond's captured input) that are no read."""
