@@ -101,8 +101,27 @@ def build_training_graph(
         saver=saver,
         local_init_op=tf.group(V1.train.Scaffold.default_local_init_op(), ops.sync_op,
                                feed.initializer),
+        **_readiness_checks(plan),
     )
     return TrainingGraph(ops, scaffold, rate, feed, state, positions)
+
+
+def _readiness_checks(plan: Plan) -> dict[str, tf.Tensor]:
+    """The scaffold's checks that every variable is initialised as a session starts: its
+    default ones (TensorFlow's report of uninitialised variables) where the variables
+    live on ps tasks, which a worker must wait for the chief to initialise; elsewhere
+    none.
+
+    Only this process initialises (or restores) a variable that is not on a ps: an
+    in-process job, each collective worker and Horovod rank its own copy. There the
+    default checks, two session runs over every variable, find nothing: 0.4-0.5 s of a
+    2-tower resnet20 start on a loaded 2-core CPU. An empty report is the scaffold's
+    way to say "ready" (tf.compat.v1.train.Scaffold's ready_op).
+    """
+    if callable(plan.param_device):
+        return {}
+    ready = tf.constant([], tf.string, name="initialised_here")
+    return {"ready_op": ready, "ready_for_local_init_op": ready}
 
 
 def asynchronous(job: JobConfig, plan: Plan) -> bool:

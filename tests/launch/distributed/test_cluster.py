@@ -112,6 +112,25 @@ def test_two_ps_tasks_hold_resnet20_bytes_within_20_percent(graph):
     assert max(held.values()) <= 1.2 * min(held.values()), held
 
 
+def test_a_worker_of_ps_tasks_checks_that_the_chief_initialised_the_variables(graph):
+    """Its session waits for the chief's variables on the ps tasks: the scaffold keeps
+    TensorFlow's readiness checks, which name every variable not yet initialised (an
+    in-process job has none to wait for: test_plan.py)."""
+    from launch.distributed.arrangements.ps_worker.plan import worker_plan
+    from launch.distributed.cluster import Task
+    from launch.runtime.training_graph import build_training_graph
+
+    job = from_dict({"model": {"name": "mlp", "hidden_units": [8]},
+                     "data": {"source": "synthetic"}, "towers": {"devices": 1}})
+    task = Task({"ps": (PS,), "worker": (W0,)}, "worker", 0)
+    scaffold = build_training_graph(job, worker_plan(job, task)).scaffold
+    scaffold.finalize()
+    for check in (scaffold.ready_op, scaffold.ready_for_local_init_op):
+        made_by = [check.op.name, *(t.op.name for t in check.op.inputs)]
+        assert any(name.startswith("report_uninitialized_variables") for name in made_by), \
+            made_by
+
+
 def saved_variables(workers: int, sync: bool) -> dict[str, list]:
     """Name -> shape of what the chief of a job of `workers` workers saves."""
     from launch.distributed.arrangements.ps_worker.plan import worker_plan

@@ -80,3 +80,19 @@ def test_the_global_step_is_where_the_update_mode_keeps_it(graph, towers_cfg, st
     ops = build_training_graph(job, make_plan(job)).ops
     assert ops.global_step.device == step_device
     assert tf.compat.v1.train.get_global_step() is ops.global_step
+
+
+@pytest.mark.parametrize("towers_cfg", [{"devices": 1}, {"devices": 2},
+                                        {"devices": 2, "variable_update": "replicated"}])
+def test_a_process_that_alone_initialises_its_variables_does_not_check_them(graph, towers_cfg):
+    """The scaffold's default readiness checks, two session runs over every variable,
+    find nothing where no other process initialises them: 0.4-0.5 s of a 2-tower
+    resnet20 start on a loaded CPU. Here the check reports nothing with no variable
+    initialised; a worker of ps tasks keeps it (test_cluster.py)."""
+    job = from_dict({**SMALL, "towers": towers_cfg})
+    plan = make_plan(job)
+    scaffold = build_training_graph(job, plan).scaffold
+    scaffold.finalize()
+    with tf.compat.v1.Session(config=plan.session) as session:
+        assert list(session.run(scaffold.ready_op)) == []
+        assert list(session.run(scaffold.ready_for_local_init_op)) == []
