@@ -11,12 +11,11 @@ the signals over (and takes over a stop that arrived before it, launch.runtime.s
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from launch.runtime.signals import StopSignals, is_work_done
+from launch.runtime.signals import StopSignals, is_work_done, raised_as_itself
 
 
 class StoppedBeforeStart(BaseException):
@@ -33,31 +32,14 @@ class StoppedBeforeStart(BaseException):
 def stops_before_start() -> Iterator[StopSignals]:
     """SIGTERM/SIGINT raise StoppedBeforeStart in the main thread until the block ends,
     unless the work is done (the job then hands over its result and exits 0)."""
-    with _lost_stops_quiet(), StopSignals(_raise_unless_done, hand_over=True) as stop:
-        try:
-            yield stop
-        except RuntimeError as err:
-            replaced = _stop_that_replaced(err)
-            if replaced is None:
-                raise
-            raise replaced from None
+    with _lost_stops_quiet(), StopSignals(_raise_unless_done, hand_over=True) as stop, \
+            raised_as_itself(StoppedBeforeStart):
+        yield stop
 
 
 def _raise_unless_done(name: str) -> None:
     if not is_work_done():
         raise StoppedBeforeStart(name)
-
-
-# pybind11's report of a Python exception that, while TensorFlow's C++ made its own
-# error, was replaced by another: the stop, raised by the handler inside the error's
-# __init__ (the soak, sync seed 505: SIGTERM as a worker's read of ps 0 timed out).
-_REPLACED = re.compile(rf"REPLACED BY {StoppedBeforeStart.__name__}: (\w+)")
-
-
-def _stop_that_replaced(err: RuntimeError) -> StoppedBeforeStart | None:
-    """The stop that err (pybind11's RuntimeError) says replaced TensorFlow's error, or None."""
-    found = _REPLACED.search(str(err))
-    return StoppedBeforeStart(found.group(1)) if found else None
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from launch.runtime.inputs import input_tensors
 from launch.runtime.out_of_memory import out_of_memory, tower_batch
 from launch.runtime.plan import Plan, make_plan
 from launch.runtime.preflight import check_data
-from launch.runtime.signals import StopSignals, work_done
+from launch.runtime.signals import StopSignals, raised_as_itself, work_done
 
 V1 = tf.compat.v1
 
@@ -253,12 +253,13 @@ def _watch(job: JobConfig, score: _Scorer, timeout: float | None, write) -> dict
     write(f"watching {directory} for checkpoints")
     with StopSignals(_raise_stop):
         try:
-            for path in V1.train.checkpoints_iterator(
-                directory, min_interval_secs=job.eval.every_secs, timeout=timeout,
-            ):
-                result = _score_restorable(score, path, write) or result
-                if result.get("global_step", -1) >= job.train.steps:
-                    break
+            with raised_as_itself(_Stop):
+                for path in V1.train.checkpoints_iterator(
+                    directory, min_interval_secs=job.eval.every_secs, timeout=timeout,
+                ):
+                    result = _score_restorable(score, path, write) or result
+                    if result.get("global_step", -1) >= job.train.steps:
+                        break
         except _Stop:
             result = _score_before_stopping(directory, score, result, write) or result
     if not result:
@@ -286,13 +287,14 @@ def _score_before_stopping(directory: str, score: _Scorer, last: dict,
     write("stopping on signal; a second one stops at once")
     with StopSignals(_raise_stop):
         try:
-            _wait_for_writer(directory, write)
-            newest = _newest_restorable(directory, write)
-            if newest is None or checkpoints.step_of(newest) <= last.get("global_step", -1):
-                write("no checkpoint newer than the last one scored; stopping")
-                return None
-            write(f"scoring {newest}, the newest checkpoint, before stopping")
-            return score(newest)
+            with raised_as_itself(_Stop):
+                _wait_for_writer(directory, write)
+                newest = _newest_restorable(directory, write)
+                if newest is None or checkpoints.step_of(newest) <= last.get("global_step", -1):
+                    write("no checkpoint newer than the last one scored; stopping")
+                    return None
+                write(f"scoring {newest}, the newest checkpoint, before stopping")
+                return score(newest)
         except _Stop:
             write("stopping now, on the second signal")
             return None

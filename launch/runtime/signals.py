@@ -19,9 +19,11 @@ how long it takes (launch/runtime/stop_deadline.py).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -57,6 +59,27 @@ def ignore_from_now() -> None:
     _ignoring = True
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+@contextmanager
+def raised_as_itself(kind: type[BaseException]) -> Iterator[None]:
+    """Inside: an exception of `kind` raised by a stop's handler while TensorFlow's C++
+    was making an error of its own is raised as itself, not as pybind11's report of it.
+
+    The handler runs wherever the main thread is, the Python __init__ of that error
+    included (a timed-out read of a ps; the OutOfRangeError that ends every evaluation
+    pass). pybind11 then raises a RuntimeError naming what replaced the error ("...
+    REPLACED BY StoppedBeforeStart: SIGTERM"): exit 1 and a traceback, where the stop
+    was meant (the soak, sync seed 505).
+    """
+    try:
+        yield
+    except RuntimeError as err:
+        found = re.search(rf"REPLACED BY {kind.__name__}: (\w+|<EMPTY MESSAGE>)", str(err))
+        if found is None:
+            raise
+        message = found.group(1)
+        raise (kind() if message == "<EMPTY MESSAGE>" else kind(message)) from None
 
 
 class StopSignals:

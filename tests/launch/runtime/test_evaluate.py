@@ -167,13 +167,13 @@ def test_eval_help_says_what_an_evaluation_reads():
 
 # --- a watch stopped by SIGTERM ---------------------------------------------------------
 
-def watch_job(ckpt):
+def watch_job(ckpt, **sections):
     return from_dict({
         "model": {"name": "mlp", "input_dim": FEATURES, "num_classes": CLASSES,
                   "hidden_units": [5]},
         "data": {"source": "synthetic"}, "towers": {"devices": 3},
         "train": {"steps": 3, "batch_size": 4, "checkpoint_dir": str(ckpt)},
-        "eval": {"batch_size": 4, "steps": 2, "every_secs": 0.1}})
+        "eval": {"batch_size": 4, "steps": 2, "every_secs": 0.1}, **sections})
 
 
 def copy_checkpoint(source_dir, step, target_dir):
@@ -245,3 +245,36 @@ def test_a_stopped_watch_with_nothing_new_to_score_stops_at_once(tmp_path, check
     assert result["global_step"] == 0
     assert "no checkpoint newer than the last one scored; stopping" in said.lines
     assert not any("waiting" in line for line in said.lines)
+
+
+def test_a_stop_raised_while_tensorflow_makes_the_end_of_data_error_still_stops(
+        tmp_path, checkpoint_dir, monkeypatch):
+    """SIGTERM as TensorFlow's C++ makes the OutOfRangeError that ends an evaluation pass:
+    the watch's stop, raised inside that error's __init__, reached it as pybind11's
+    RuntimeError ("REPLACED BY _Stop"), a traceback and exit 1. The watch stops as on
+    any stop: it scores the newest checkpoint once more, then ends."""
+    from tensorflow.python.framework import errors_impl
+
+    from launch.runtime.evaluate import evaluate
+
+    watched = tmp_path / "ckpt"
+    watched.mkdir()
+    copy_checkpoint(checkpoint_dir, 3, watched)
+    made = errors_impl.OutOfRangeError.__init__
+    signalled = []
+
+    def meets_sigterm(self, *args, **kwargs):
+        if not signalled:  # the first pass's end only
+            signalled.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        made(self, *args, **kwargs)
+
+    monkeypatch.setattr(errors_impl.OutOfRangeError, "__init__", meets_sigterm)
+    x, y = examples()
+    write_csv(tmp_path / "eval.csv", x, y)
+    job = watch_job(watched, data={"source": "csv", "path": str(tmp_path / "eval.csv")},
+                    eval={"batch_size": 4, "every_secs": 0.1})  # to the data's end
+    said = Said()
+    result = evaluate(job, watch=True, write=said)
+    assert signalled and "stopping on signal; a second one stops at once" in said.lines
+    assert result["global_step"] == 3 and result["examples"] == 10
