@@ -85,6 +85,13 @@ class Plan:
             sum_across_processes=self.sum_across_processes, pack_bytes=self.pack_bytes)
 
     @property
+    def variables_on_ps(self) -> bool:
+        """The variables live on a ps/worker job's ps tasks (param_device is its
+        replica_device_setter), which other processes share; else on this process's own
+        devices."""
+        return callable(self.param_device)
+
+    @property
     def job_examples_per_step(self) -> float:
         """The examples one global step stands for, all processes together."""
         return self.global_step_examples or self.process_batch_size

@@ -12,7 +12,7 @@ def startup_line(job: JobConfig, plan: Plan, synchronized: int) -> str:
     """'model resnet20 on 2 tower(s) /cpu:0, /cpu:1; variables on /cpu:0 (shared); float32':
     the first line of a training process. synchronized: how many batch norms the build
     synchronized across the towers."""
-    where = "the ps tasks" if callable(plan.param_device) else plan.param_device
+    where = "the ps tasks" if plan.variables_on_ps else plan.param_device
     return (
         f"model {plan.model.name} on {len(plan.devices)} tower(s) {', '.join(plan.devices)}; "
         f"variables on {where} ({plan.sharing}); {compute_text(job, plan, synchronized)}"

@@ -125,7 +125,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     if loop.others_parts is not None:  # before the result: a job not done reports no end
         loop.others_parts.check_trained()
     result = _result(job, role, loop, stop)
-    setup = Setup(callable(plan.param_device), plan.share.count, bfloat16_units(plan.devices))
+    setup = Setup(plan.variables_on_ps, plan.share.count, bfloat16_units(plan.devices))
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, setup, role.stragglers(), loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:

@@ -118,7 +118,7 @@ def _readiness_checks(plan: Plan) -> dict[str, tf.Tensor]:
     2-tower resnet20 start on a loaded 2-core CPU. An empty report is the scaffold's
     way to say "ready" (tf.compat.v1.train.Scaffold's ready_op).
     """
-    if callable(plan.param_device):
+    if plan.variables_on_ps:
         return {}
     ready = tf.constant([], tf.string, name="initialised_here")
     return {"ready_op": ready, "ready_for_local_init_op": ready}
@@ -127,7 +127,7 @@ def _readiness_checks(plan: Plan) -> dict[str, tf.Tensor]:
 def asynchronous(job: JobConfig, plan: Plan) -> bool:
     """An asynchronous ps/worker job of several workers: each worker's step moves the
     global step, and each trains its part of the global batches at its own pace."""
-    return callable(plan.param_device) and plan.share.count > 1 and not job.train.sync
+    return plan.variables_on_ps and plan.share.count > 1 and not job.train.sync
 
 
 def build_step(job: JobConfig, plan: Plan, features: towers.Features, labels: tf.Tensor,
