@@ -118,7 +118,13 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
         role.before_session(plan.session)
         with data.input_errors(where):
             with deadline:
-                _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+                try:
+                    _run_session(job.train, plan, role, built.ops, built.scaffold, loop, stop)
+                finally:
+                    # A session that raises calls no hook's end(): without this, the
+                    # watch of a job that failed would go on warning, or abort, in a
+                    # process that called train() and went on.
+                    loop.stall.stop()
     # A stop signal from now on meets a job that has ended: what is left is its ending
     # (reports to its peers, bounded) and handing over its result.
     work_done()

@@ -134,7 +134,13 @@ class Process:
         raise AssertionError(f"timed out waiting for {pattern!r}\n{self.stderr[-3000:]}")
 
     def wait(self, timeout=120) -> int:
-        return self.proc.wait(timeout=timeout)
+        """The exit status; a process still running after `timeout` s fails the test
+        with what it wrote (a hang is read from its own output)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s\n"
+                                 f"{self.stderr[-6000:]}") from None
 
     def stop(self):
         if self.proc.poll() is None:

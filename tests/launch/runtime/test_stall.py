@@ -7,9 +7,12 @@ role names (in one process, its devices)."""
 import threading
 import time
 
+import pytest
 import tensorflow as tf
+from helpers.commands import run_in_process
+from helpers.faults import job, poisoned_csv
 
-from launch.errors import EXIT_PEER_UNAVAILABLE, Stalled
+from launch.errors import EXIT_DIVERGED, EXIT_PEER_UNAVAILABLE, Stalled
 from launch.runtime import stall
 from launch.runtime.input_watch import count_batches
 from launch.runtime.stall import NO_BATCH, StallWatch, example_bytes, no_batch_text
@@ -167,3 +170,27 @@ def test_a_session_that_does_not_answer_does_not_hold_up_the_watch(monkeypatch):
     assert lines and lines[-1].endswith("): its peers")
     assert watch.waits_for() == "the session is closing (its final checkpoint, its peers' end " \
         "of the job)"
+
+
+@pytest.mark.e2e
+def test_a_job_that_fails_leaves_no_watch_running_in_the_process_that_called_it(
+        tmp_path, monkeypatch):
+    """A session that raises (here, the job diverges at step 5) calls no hook's end().
+    The job's watch must end all the same: left running, it went on warning about a job
+    that had ended ("no step has finished for 121 s"), and with train.stall_abort_secs
+    set it would end the process that called train() and went on."""
+    watches = []
+    start_watching = StallWatch.after_create_session
+
+    def noted(watch, session, coord):  # the real watch, its thread noted as it starts
+        start_watching(watch, session, coord)
+        watches.append(watch._thread)
+
+    monkeypatch.setattr(StallWatch, "after_create_session", noted)
+    result = run_in_process("train", *job(tmp_path / "ckpt", 20),
+                            *poisoned_csv(tmp_path / "d.csv", [5]))
+    assert result.returncode == EXIT_DIVERGED, result.stderr[-3000:]
+    assert watches, "the job started no watch: this test tests nothing"
+    for watch in watches:
+        watch.join(timeout=10 * stall.LOOK_EVERY_SECS)  # a watch looks every 0.5 s
+    assert not [watch for watch in watches if watch.is_alive()]
