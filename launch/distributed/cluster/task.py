@@ -34,9 +34,7 @@ class Task:
     def is_chief(self) -> bool:
         """The chief initialises, checkpoints and writes summaries: the chief task if
         the cluster has one, else worker 0."""
-        if "chief" in self.cluster:
-            return self.job_name == "chief"
-        return self.job_name == "worker" and self.task_index == 0
+        return self.job_name == self.chief_job and self.task_index == 0
 
     @property
     def num_workers(self) -> int:
@@ -61,6 +59,15 @@ class Task:
         return f"/job:{self.job_name}/task:{self.task_index}"
 
     @property
+    def chief_job(self) -> str:
+        """The chief's job: 'chief' if the cluster has one, else 'worker' (its task 0)."""
+        return "chief" if "chief" in self.cluster else "worker"
+
+    @property
+    def chief_device(self) -> str:
+        return f"/job:{self.chief_job}/task:0"
+
+    @property
     def label(self) -> str:
         """'worker1', 'chief0': this task in the names of the files it writes (as
         local-cluster names its tasks)."""
@@ -79,6 +86,5 @@ class Task:
         """Tasks this one must reach before training: every ps, and the chief for others."""
         needed = {f"ps {i}": a for i, a in enumerate(self.cluster.get("ps", ()))}
         if not self.is_chief and self.job_name != "ps":
-            chief_job = "chief" if "chief" in self.cluster else "worker"
-            needed[f"{chief_job} 0"] = self.cluster[chief_job][0]
+            needed[f"{self.chief_job} 0"] = self.cluster[self.chief_job][0]
         return needed

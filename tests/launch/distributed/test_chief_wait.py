@@ -54,7 +54,7 @@ def test_the_wait_for_the_chief_rides_out_a_ps_restarted_meanwhile(monkeypatch):
     def wait() -> None:
         try:
             with graph.as_default():
-                chief_wait.wait_for_chief(worker.target, config, timeout=120)
+                chief_wait.wait_for_chief(worker.target, config, timeout=120, write=print)
         except Exception as err:  # noqa: BLE001 - the test reports whatever ended it
             failures.append(err)
 

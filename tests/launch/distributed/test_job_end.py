@@ -239,11 +239,15 @@ def test_a_chief_stopped_and_started_again_while_its_ps_runs_on_trains_each_part
         tmp_path):
     """Synchronous, 2 workers: worker 1 killed, the chief stopped (SIGTERM; its step,
     waiting for worker 1, freed) saves and exits; the ps runs on, worker 1 having not
-    reported. Both started again: the job ends with its data, every part trained once.
+    reported. Both started again, worker 1 while the chief is not yet back: the job ends
+    with its data, every part trained once.
     Before, the chief's stop closed the token queue on the ps for good, and its gradient
     for the step it stopped at stayed in the accumulators: the chief started again could
     hand out no token (exit 1), and would have sent that step's gradient a second time
-    (soak seed 12)."""
+    (soak seed 12). Then worker 1 went ahead of the chief's start on what the last run
+    left on the ps: its first gradient was taken away by that start and both waited for
+    it (a hang the suite met), or, the chief frozen, it took a token left there and the
+    last run's stop, and ended 0 at once."""
     rows = tmp_path / "rows.npz"
     rng = np.random.default_rng(0)
     np.savez(rows, features=rng.normal(size=(480, 8)).astype(np.float32),
@@ -255,6 +259,7 @@ def test_a_chief_stopped_and_started_again_while_its_ps_runs_on_trains_each_part
                 "data.source": "npz", "data.path": rows, "data.epochs": 1,
                 "train.batch_size": 24, "train.steps": 100000, "train.sync": "true",
                 "train.log_every_steps": 1, "towers.devices": 1,
+                "train.stall_warning_secs": 1,  # worker 1's first step, waiting, says so
                 # The ps waits for worker 1's report for as long as the test takes.
                 "cluster.shutdown_grace_secs": 300, "cluster.operation_timeout_secs": 30,
                 "metrics.port": "null"}
@@ -268,8 +273,18 @@ def test_a_chief_stopped_and_started_again_while_its_ps_runs_on_trains_each_part
         cluster.kill("worker1")
         chief.proc.terminate()
         assert chief.wait(timeout=60) == 0, chief.stderr[-3000:]
+        # The chief started again is frozen until worker 1, started again too, has
+        # either started its first step (its gradient then went into the accumulators
+        # before the chief's clear took what they held, and both waited for an update
+        # needing it: a hang) or waits for the chief's session.
         again = cluster.start("worker0-again", "worker", 0)
-        worker1 = cluster.start("worker1-again", "worker", 1)
+        again.wait_for(r"serving .*\(chief\)")
+        os.kill(again.proc.pid, signal.SIGSTOP)
+        try:
+            worker1 = cluster.start("worker1-again", "worker", 1)
+            worker1.wait_for(r"no step has finished|waiting for the chief to initialise")
+        finally:
+            os.kill(again.proc.pid, signal.SIGCONT)
         codes = [again.wait(timeout=120), worker1.wait(timeout=60)]
     finally:
         cluster.stop()

@@ -10,7 +10,11 @@ import towers
 from launch import metrics
 from launch.config import JobConfig
 from launch.distributed.arrangements.ps_worker import sync_replicas
-from launch.distributed.arrangements.ps_worker.chief_wait import wait_for_chief
+from launch.distributed.arrangements.ps_worker.chief_wait import (
+    Chief,
+    ChiefStarted,
+    wait_for_chief,
+)
 from launch.distributed.cluster import Task
 from launch.distributed.health.ending import (
     JobEndHook,
@@ -77,11 +81,12 @@ class WorkerRole(Role):
             return [self._end, self.deadline, *reporting]
         sync = sync_replicas.session_hook(self._sync, self._task.is_chief,
                                           self._task.num_workers)
+        started = [ChiefStarted(self._chief())] if self.is_chief else []
         turns = [] if follow is None else [sync_replicas.OneTokenPerRound(
             self._sync, ops.global_step, stop_queue().size(), follow,
             (self._job.cluster.startup_timeout_secs, self._job.cluster.operation_timeout_secs),
             lambda: bool(self._stop))]
-        return [self._end, sync, *turns, self.deadline, *reporting]
+        return [self._end, sync, *started, *turns, self.deadline, *reporting]
 
     def _peer_reports(self, phases) -> PeerReportHook:
         """This worker's report to the others; the chief also names stragglers."""
@@ -107,7 +112,12 @@ class WorkerRole(Role):
             if self._sync is not None:
                 self._sync.clear(self.master, config)
         else:
-            wait_for_chief(self.master, config, self.max_wait_secs)
+            chief = None if self._sync is None else self._chief()
+            wait_for_chief(self.master, config, self.max_wait_secs, self._write, chief)
+
+    def _chief(self) -> Chief:
+        task = self._task
+        return Chief(task.cluster[task.chief_job][0], task.chief_device)
 
     def stop_hook(self, stop: StopSignals) -> V1.train.SessionRunHook:
         self._stop = stop  # asked for before hooks(): a stop ends a wait for a token too
