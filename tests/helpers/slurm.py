@@ -375,13 +375,20 @@ def nodes_cluster(tmp_path: Path, network, count: int) -> Iterator[Cluster]:
 # --- the sbatch examples --------------------------------------------------------------------
 
 def submit_example(cluster: Cluster, directory: Path, example: str, *options: str, steps: int,
-                   towers_args: Sequence[str] = ()) -> int:
+                   towers_args: Sequence[str] = (), task_files: bool = False) -> int:
     """examples/slurm/<example> with sbatch OPTIONS, training the small built-in job with
     its checkpoints in directory/ckpt. train.steps is in the job file (directory/job.yaml),
     which each run of the job reads anew, so a test may change it while the job waits
-    to be requeued."""
+    to be requeued.
+
+    task_files: each task's output in a file of its own (task_results), as docs/slurm.md
+    advises where a program reads the results: srun forwards the tasks' output in
+    pieces, and a result line of over 1 KiB in the job's one file came out cut by
+    another task's line on a loaded host."""
     write_job(directory, steps)
     env = {**environment(), "TOWERS": TOWERS, "JOB": str(directory / "job.yaml")}
+    if task_files:  # srun's --output, from the environment the batch script passes on
+        env["SLURM_STDOUTMODE"] = str(directory / "task-%t.out")
     return cluster.sbatch(
         EXAMPLES / example, *options, env=env,
         args=[*FAST, "--set", f"train.checkpoint_dir={directory / 'ckpt'}",
@@ -395,3 +402,9 @@ def write_job(directory: Path, steps: int) -> None:
 def results(output: str) -> list[dict]:
     """Every task's JSON result line in a job's output, in order."""
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def task_results(directory: Path) -> list[dict]:
+    """The results of a job submitted with task_files, by task rank."""
+    files = sorted(directory.glob("task-*.out"), key=lambda f: int(f.stem.split("-")[1]))
+    return [result for f in files for result in results(f.read_text())]

@@ -51,12 +51,14 @@ def test_a_ps_worker_job_across_two_nodes_trains_to_the_end(cluster, tmp_path):
     between them, and the workers reach them across the hosts' network."""
     job = slurm.submit_example(cluster, tmp_path, "ps_worker.sbatch", "--nodes=2",
                                "--ntasks-per-node=2", "--gres=gpu:0", "--cpus-per-task=1",
-                               steps=40)
+                               steps=40, task_files=True)
     end = cluster.wait_end(job, timeout=240)
     output = cluster.output(job)
-    assert (end.state, end.exit_code) == ("COMPLETED", 0), output[-3000:]
+    tasks = "".join(f.read_text() for f in sorted(tmp_path.glob("task-*.out")))
+    assert (end.state, end.exit_code) == ("COMPLETED", 0), output[-3000:] + tasks[-3000:]
     assert "towers: srun exited 0" in output
-    done = {(r["job"], r["task"]): r for r in slurm.results(output) if "task" in r}
-    assert done[("worker", 0)]["global_step"] >= 40 and ("worker", 1) in done, output[-3000:]
-    ps = [r for r in slurm.results(output) if r.get("job") == "ps"]
-    assert [r["workers_reported"] for r in ps] == [2, 2], output[-3000:]
+    results = slurm.task_results(tmp_path)
+    done = {(r["job"], r["task"]): r for r in results if "task" in r}
+    assert done[("worker", 0)]["global_step"] >= 40 and ("worker", 1) in done, tasks[-3000:]
+    ps = [r for r in results if r.get("job") == "ps"]
+    assert [r["workers_reported"] for r in ps] == [2, 2], tasks[-3000:]
