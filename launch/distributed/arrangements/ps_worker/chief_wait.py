@@ -22,7 +22,7 @@ from launch.errors import PeerUnavailable
 
 V1 = tf.compat.v1
 
-POLL_TIMEOUT_SECS = 10.0  # a poll the chief does not answer (frozen, still starting)
+POLL_TIMEOUT_SECS = 5.0  # a poll the chief does not answer (frozen, still starting)
 STARTED_FLAG = "towers_chief_started"
 
 
