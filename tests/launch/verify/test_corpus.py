@@ -5,8 +5,10 @@ towers with towers.batch_norm: sync for 5 steps (tests/launch/verify/corpus):
                      wrote one: weight decay in the 'losses' collection summed with
                      add_n, local response normalization, an exponential moving average
                      of the weights in UPDATE_OPS, summaries inside the model;
-  keras.applications MobileNetV2, EfficientNetB0 (its stochastic depth and dropout at
-                     rate 0) and ResNet50V2 at 32x32, weights=None, as Keras builders.
+  keras.applications MobileNetV2, EfficientNet (its stochastic depth and dropout at
+                     rate 0) and ResNetV2 at 32x32, weights=None, as Keras builders
+                     (EfficientNetB0 and ResNet50V2 by keras.applications' own
+                     builders at a shallower depth, every kind of block kept).
 
 Each must pass, every variable within max(1e-9 x max|w|, 10 x its float64 noise floor),
 and every variable must have moved (the weights, their momentum, the batch norms'
@@ -36,8 +38,8 @@ STILL = ("seed_generator", "normalization/")
 MODELS = [
     "cifar_style:model_fn",
     "keras_applications:mobilenet_v2",
-    "keras_applications:efficientnet_b0",
-    "keras_applications:resnet50_v2",
+    "keras_applications:efficientnet_b0_half_depth",
+    "keras_applications:resnet_v2_two_blocks_a_stack",
 ]
 
 
