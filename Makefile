@@ -7,7 +7,11 @@
 # are listed at the end, so what costs time stays visible. Files are handed out
 # longest first, by the seconds tests/file_seconds.json records for each (see
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
-PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
+# One worker more than the CPUs: the e2e tests wait on the processes they start (a
+# cluster's start-up, its tasks' deadlines), and with one worker per CPU about a tenth
+# of the CPU time went unused (BENCHMARKS.md, "The test suite").
+WORKERS := $(shell expr $$(nproc) + 1)
+PYTEST_PARALLEL = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 .PHONY: test test-fast test-durations horovod soak
 
