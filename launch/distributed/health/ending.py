@@ -245,9 +245,8 @@ def read_report(value: int) -> tuple[int, bool]:
 
 
 def run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
-    """Run `fetch`, ops on ps task `ps_index` alone, through that task's own server; the
-    run waits at most wait_ms (DeadlineExceededError past it), opening and closing the
-    session at most SESSION_TIMEOUT_MS each.
+    """Run `fetch`, ops on ps task `ps_index` alone, through that task's own server
+    (run_on_task).
 
     Not through this worker's server: a session there first looks up every device its
     filters name, and waits for a ps that has gone without end (TensorFlow's device
@@ -255,11 +254,17 @@ def run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
     its ps watch ended it, 138, after cluster.reconnect_timeout_secs. A session of the
     ps's own server needs no other task, and every call to it is bounded.
     """
-    address = task.cluster["ps"][ps_index]
+    return run_on_task(f"ps {ps_index}", task.cluster["ps"][ps_index],
+                       f"/job:ps/task:{ps_index}", graph, fetch, wait_ms)
+
+
+def run_on_task(name: str, address: str, device: str, graph: tf.Graph, fetch, wait_ms: int):
+    """Run `fetch`, ops on `device` alone, through the server at `address` of the task
+    `name` says; the run waits at most wait_ms (DeadlineExceededError past it), opening
+    and closing the session at most SESSION_TIMEOUT_MS each."""
     if not accepts(address):  # gone: a session would wait for it until its timeouts
-        raise tf.errors.UnavailableError(None, None, f"ps {ps_index} at {address} has gone")
-    config = V1.ConfigProto(device_filters=[f"/job:ps/task:{ps_index}"],
-                            operation_timeout_in_ms=SESSION_TIMEOUT_MS)
+        raise tf.errors.UnavailableError(None, None, f"{name} at {address} has gone")
+    config = V1.ConfigProto(device_filters=[device], operation_timeout_in_ms=SESSION_TIMEOUT_MS)
     sess = V1.Session(f"grpc://{address}", graph=graph, config=config)
     try:
         return sess.run(fetch, options=V1.RunOptions(timeout_in_ms=wait_ms))
@@ -267,4 +272,4 @@ def run_on_ps(task: Task, ps_index: int, graph: tf.Graph, fetch, wait_ms: int):
         try:
             sess.close()
         except tf.errors.OpError:
-            pass  # the ps has gone: it holds nothing of this session any more
+            pass  # the task has gone: it holds nothing of this session any more

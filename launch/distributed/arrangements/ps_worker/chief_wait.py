@@ -18,11 +18,12 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from launch.distributed.health import ending
 from launch.errors import PeerUnavailable
 
 V1 = tf.compat.v1
 
-POLL_TIMEOUT_SECS = 5.0  # a poll the chief does not answer (frozen, still starting)
+POLL_TIMEOUT_MS = 5_000  # a poll the chief does not answer (frozen, still starting)
 STARTED_FLAG = "towers_chief_started"
 
 
@@ -30,7 +31,7 @@ class Chief:
     """Where the chief's flag lives: its server's address and its task's device."""
 
     def __init__(self, address: str, device: str):
-        self.target, self.device = f"grpc://{address}", device
+        self.address, self.device = address, device
         self.graph = tf.Graph()
         with self.graph.as_default(), tf.device(device):
             flag = V1.Variable(True, trainable=False, name=STARTED_FLAG)
@@ -38,12 +39,10 @@ class Chief:
             self.started = V1.is_variable_initialized(flag)
 
     def run(self, fetch):
-        """`fetch` through the chief's own server: the workers' sessions see only the ps
-        tasks and themselves."""
-        config = V1.ConfigProto(device_filters=[self.device],  # bounds its start, too
-                                operation_timeout_in_ms=int(POLL_TIMEOUT_SECS * 1000))
-        with V1.Session(self.target, graph=self.graph, config=config) as sess:
-            return sess.run(fetch, options=_bounded())
+        """`fetch` through the chief's own server, bounded: the workers' sessions see
+        only the ps tasks and themselves."""
+        return ending.run_on_task("the chief", self.address, self.device, self.graph, fetch,
+                                  POLL_TIMEOUT_MS)
 
 
 class ChiefStarted(V1.train.SessionRunHook):
@@ -68,7 +67,7 @@ def wait_for_chief(master: str, config: V1.ConfigProto, timeout: float,
     poll: the next one opens a new session, as MonitoredSession's recovery does, so a
     restarted ps is waited for (one gone for good ends the process through the ps
     watch, ps_worker.worker._watching_ps) within the same timeout. So is a chief that
-    does not answer a poll within POLL_TIMEOUT_SECS.
+    does not answer a poll within POLL_TIMEOUT_MS.
     """
     # Global variables only: local ones (the loss scale, this worker's own step) are
     # each worker's own to initialise.
@@ -99,7 +98,7 @@ def wait_for_chief(master: str, config: V1.ConfigProto, timeout: float,
 
 
 def _bounded() -> V1.RunOptions:
-    return V1.RunOptions(timeout_in_ms=int(POLL_TIMEOUT_SECS * 1000))
+    return V1.RunOptions(timeout_in_ms=POLL_TIMEOUT_MS)
 
 
 def _not_initialised(timeout: float, failed: tf.errors.OpError | None) -> str:
