@@ -404,7 +404,12 @@ def results(output: str) -> list[dict]:
     return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
 
 
+def task_outputs(directory: Path) -> list[str]:
+    """What each task of a job submitted with task_files wrote, by task rank."""
+    files = sorted(directory.glob("task-*.out"), key=lambda f: int(f.stem.split("-")[1]))
+    return [f.read_text() for f in files]
+
+
 def task_results(directory: Path) -> list[dict]:
     """The results of a job submitted with task_files, by task rank."""
-    files = sorted(directory.glob("task-*.out"), key=lambda f: int(f.stem.split("-")[1]))
-    return [result for f in files for result in results(f.read_text())]
+    return [result for output in task_outputs(directory) for result in results(output)]
