@@ -8,11 +8,9 @@
 # longest first, by the seconds tests/file_seconds.json records for each (see
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
 PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
-# The whole suite: one worker more than the CPUs. Its e2e tests wait on the processes
-# they start (a cluster's start-up, its tasks' deadlines), and with one worker per CPU
-# about a tenth of the CPU time went unused (BENCHMARKS.md, "The test suite"). The fast
-# tier waits on nothing: one worker per CPU.
-PYTEST_ALL = -n $(shell expr $$(nproc) + 1) --dist loadfile --no-loadscope-reorder
+# The whole suite, the same: one worker more than the CPUs made the straggler test
+# name the chief, under its neighbours' load (BENCHMARKS.md, "The test suite").
+PYTEST_ALL = $(PYTEST_PARALLEL)
 
 .PHONY: test test-fast test-durations horovod soak
 
