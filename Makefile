@@ -8,9 +8,6 @@
 # longest first, by the seconds tests/file_seconds.json records for each (see
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
 PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
-# The whole suite, the same: one worker more than the CPUs made the straggler test
-# name the chief, under its neighbours' load (BENCHMARKS.md, "The test suite").
-PYTEST_ALL = $(PYTEST_PARALLEL)
 
 .PHONY: test test-fast test-durations horovod soak
 
@@ -37,14 +34,14 @@ test:
 		  apt-get install -y -qq --no-install-recommends prometheus docker-compose \
 		  iproute2 slurmctld slurmd slurm-client munge; }
 	ruff check .
-	python -m pytest $(PYTEST_ALL) --durations=20
+	python -m pytest $(PYTEST_PARALLEL) --durations=20
 
 test-fast:
 	ruff check .
 	python -m pytest -m "not e2e" $(PYTEST_PARALLEL) --durations=10
 
 test-durations:
-	python -m pytest $(PYTEST_ALL) -q --write-file-seconds
+	python -m pytest $(PYTEST_PARALLEL) -q --write-file-seconds
 
 # The soak (tests/soak/, not part of `make test`): seeded random fault schedules against
 # every arrangement (one process, synchronous ps/worker with and without backup
