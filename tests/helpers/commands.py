@@ -167,9 +167,10 @@ class Cluster:
         self.tasks: dict[str, Process] = {}
         self.killed: set[str] = set()
 
-    def start(self, name, role, index) -> Process:
+    def start(self, name, role, index, prefix=()) -> Process:
+        """prefix: as Process's (`nice -n 5`, say)."""
         self.tasks[name] = Process(self.tmp_path, name, role, *self.args,
-                                   "--task-index", str(index))
+                                   "--task-index", str(index), prefix=prefix)
         return self.tasks[name]
 
     def kill(self, name):
