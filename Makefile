@@ -8,6 +8,11 @@
 # longest first, by the seconds tests/file_seconds.json records for each (see
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
 PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
+# The whole suite: one worker more than the CPUs. Its e2e tests wait on the processes
+# they start (a cluster's start-up, its tasks' deadlines): with one worker per CPU, a
+# quarter of the CPU time went unused (BENCHMARKS.md, "The test suite"). The fast tier
+# waits on nothing: one worker per CPU.
+PYTEST_ALL = -n $(shell expr $$(nproc) + 1) --dist loadfile --no-loadscope-reorder
 
 .PHONY: test test-fast test-durations horovod soak
 
@@ -34,14 +39,14 @@ test:
 		  apt-get install -y -qq --no-install-recommends prometheus docker-compose \
 		  iproute2 slurmctld slurmd slurm-client munge; }
 	ruff check .
-	python -m pytest $(PYTEST_PARALLEL) --durations=20
+	python -m pytest $(PYTEST_ALL) --durations=20
 
 test-fast:
 	ruff check .
 	python -m pytest -m "not e2e" $(PYTEST_PARALLEL) --durations=10
 
 test-durations:
-	python -m pytest $(PYTEST_PARALLEL) -q --write-file-seconds
+	python -m pytest $(PYTEST_ALL) -q --write-file-seconds
 
 # The soak (tests/soak/, not part of `make test`): seeded random fault schedules against
 # every arrangement (one process, synchronous ps/worker with and without backup
