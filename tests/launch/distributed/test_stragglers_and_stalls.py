@@ -1,12 +1,12 @@
 """A synchronous job of 1 ps and 2 workers, both reading the same large JPEGs, in which
 worker 1, at a lower CPU priority, decodes them one at a time with one batch prefetched
-(its input is slow, the chief's parallel decode and deeper prefetch are not): the chief names worker 1, and no other, a
-straggler waiting on input, and exports it; then worker 1 is stopped (SIGSTOP) for
-longer than train.stall_warning_secs, and the chief names it as what its step waits
-for, within the warning time and a few seconds; continued (SIGCONT), worker 1 says it
-did not run and steps go on, and SIGTERM to every task ends each with 0, each saying
-where its step time went. The job has no end of its own: on a fast machine a bounded
-one could finish before the straggler is judged."""
+(its input is slow, the chief's parallel decode and deeper prefetch are not): the chief
+names worker 1, and no other, a straggler waiting on input, and exports it; then worker
+1 is stopped (SIGSTOP) for longer than train.stall_warning_secs, and the chief names it
+as what its step waits for, within the warning time and a few seconds; continued
+(SIGCONT), worker 1 says it did not run and steps go on, and SIGTERM to every task ends
+each with 0, each saying where its step time went. The job has no end of its own: on a
+fast machine a bounded one could finish before the straggler is judged."""
 
 import json
 import os
