@@ -427,7 +427,8 @@ def test_the_tfjob_tf_config_runs_a_real_cluster_to_the_end(tmp_path):
     assert (chief["job"], chief["global_step"] >= 30) == ("worker", True)
     evaluated = last_json(outputs["evaluator0"][0])
     assert evaluated["global_step"] >= 30
-    assert last_json(outputs["ps0"][0])["workers_reported"] == 2
+    assert last_json(outputs["ps0"][0])["workers_reported"] == 2, {
+        name: err[-1500:] for name, (_, err) in outputs.items()}
 
 
 def test_the_documented_commands_name_these_files_and_images():
