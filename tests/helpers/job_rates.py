@@ -26,19 +26,23 @@ def worker_records(stderr: str) -> dict[str, tuple[dict, int]]:
     return {name: (results[name], shares[name]) for name in results}
 
 
+def examples_per_sec(records) -> float:
+    """The examples these workers' timed spans hold, over the span from the first one's
+    start to the last one's end. records: (JSON result, examples per step) pairs."""
+    examples = sum(result["timed"]["steps"] * share for result, share in records)
+    start = min(result["timed"]["from"] for result, _ in records)
+    end = max(result["timed"]["to"] for result, _ in records)
+    return examples / (end - start)
+
+
 def check_job_rate(run: subprocess.CompletedProcess) -> None:
     """The chief's job rate is what the 2 workers' records add up to, its own rate what
     its own record says; both workers' results name the step the job ended at."""
     assert run.returncode == 0, run.stderr[-3000:]
     records = worker_records(run.stderr)
-    examples = sum(result["timed"]["steps"] * share for result, share in records.values())
-    start = min(result["timed"]["from"] for result, _ in records.values())
-    end = max(result["timed"]["to"] for result, _ in records.values())
-    recomputed = examples / (end - start)
+    recomputed = examples_per_sec(list(records.values()))
+    own = examples_per_sec([records["worker0"]])
     reported = json.loads(run.stdout.strip().splitlines()[-1])  # local-cluster's: the chief's
-    chief, chief_share = records["worker0"]
-    timed = chief["timed"]
-    own = timed["steps"] * chief_share / (timed["to"] - timed["from"])
     print(f"recomputed {recomputed:.1f}, reported {reported['job_examples_per_sec']:.1f}, "
           f"the chief's own {reported['process_examples_per_sec']:.1f} (its record's {own:.1f})")
     # The two spans differ by how the workers' timed windows line up, which load skews
