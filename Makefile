@@ -7,12 +7,13 @@
 # are listed at the end, so what costs time stays visible. Files are handed out
 # longest first, by the seconds tests/file_seconds.json records for each (see
 # tests/conftest.py); `make test-durations` refreshes them after tests change.
-PYTEST_PARALLEL = -n auto --dist loadfile --no-loadscope-reorder
+PYTEST_DIST = --dist loadfile --no-loadscope-reorder
+PYTEST_PARALLEL = -n auto $(PYTEST_DIST)
 # The whole suite: one worker more than the CPUs. Its e2e tests wait on the processes
 # they start (a cluster's start-up, its tasks' deadlines): with one worker per CPU, a
 # quarter of the CPU time went unused (BENCHMARKS.md, "The test suite"). The fast tier
 # waits on nothing: one worker per CPU.
-PYTEST_ALL = -n $(shell expr $$(nproc) + 1) --dist loadfile --no-loadscope-reorder
+PYTEST_ALL = -n $(shell expr $$(nproc) + 1) $(PYTEST_DIST)
 
 .PHONY: test test-fast test-durations horovod soak
 
