@@ -32,7 +32,8 @@ its regularization penalties are kept per tower (REPLICA_PENALTIES), outside
 REGULARIZATION_LOSSES.
 The sync op copies tower 0's variables and slots into every copy, then sets a flag;
 each later tower's first op checks it, so a forgotten sync is a clear error rather
-than TensorFlow's "Could not find variable tower_1/...".
+than TensorFlow's "Could not find variable tower_1/...". The init op (a fresh start)
+sets the same flag after assigning each copy its source's initial value.
 """
 
 from __future__ import annotations
@@ -103,6 +104,13 @@ class VariableSharing:
         """Makes every tower's copies (`trainables[i]`: tower i's variables) equal tower
         0's; a no-op with one copy."""
         return tf.no_op(name="sync_replicas")
+
+    def init_op(self, trainables: list[list[tf.Variable]],
+                optimizer: tf.compat.v1.train.Optimizer,
+                initializers: list[tf.Operation]) -> tf.Operation:
+        """Runs `initializers` (every standard variable's) and starts every copy equal to
+        tower 0's: the one op a fresh start needs."""
+        return tf.group(*initializers, name="init_op")
 
 
 class SharedVariables(VariableSharing):
@@ -205,21 +213,19 @@ class ReplicaCopies(VariableSharing):
     def sync_op(self, trainables, optimizer):
         """Assign tower 0's variables and slots to every other tower's copies, then set
         the flag later towers check."""
-        assigns = []
-        for variables in trainables[1:]:
-            for source, copy in zip(trainables[0], variables, strict=True):
-                pairs = [(source, copy)] + [
-                    (optimizer.get_slot(source, name), optimizer.get_slot(copy, name))
-                    for name in optimizer.get_slot_names()
-                ]
-                for src, dst in pairs:
-                    if src is not None and dst is not None:
-                        with tf.device(dst.device):
-                            assigns.append(dst.assign(src.read_value()).op)
-        for flag in tf.compat.v1.get_collection(SYNCED_FLAG):
-            with tf.control_dependencies(assigns):
-                assigns = [flag.assign(True).op]
-        return tf.group(*assigns, name="sync_replicas")
+        assigns = [_assign(copy, source.value())
+                   for source, copy in _copy_pairs(trainables, optimizer)]
+        return _flag_after(assigns, name="sync_replicas")
+
+    def init_op(self, trainables, optimizer, initializers):
+        """Each copy is assigned its source's initial value, the very tensor the source's
+        initializer assigns in the same run, so the copies start equal to tower 0's
+        whatever draws its initial values (random, or a slot's own initializer). A sync
+        there instead would have to wait for the initializers to read their variables:
+        a second copy of every assign in the graph, which the launcher never runs."""
+        assigns = [_assign(copy, source.initial_value)
+                   for source, copy in _copy_pairs(trainables, optimizer)]
+        return _flag_after([*initializers, *assigns], name="init_op")
 
 
 class TowerVariables:
@@ -387,6 +393,33 @@ def _move_to_replica_copies(var: tf.Variable) -> None:
     copies = graph.get_collection_ref(REPLICA_COPIES)
     if not any(v is var for v in copies):
         copies.append(var)
+
+
+def _copy_pairs(trainables: list[list[tf.Variable]], optimizer: tf.compat.v1.train.Optimizer
+                ) -> list[tuple[tf.Variable, tf.Variable]]:
+    """(tower 0's variable or slot, a later tower's copy of it), for every copy."""
+    pairs = []
+    for variables in trainables[1:]:
+        for source, copy in zip(trainables[0], variables, strict=True):
+            pairs.append((source, copy))
+            for name in optimizer.get_slot_names():
+                src, dst = optimizer.get_slot(source, name), optimizer.get_slot(copy, name)
+                if src is not None and dst is not None:
+                    pairs.append((src, dst))
+    return pairs
+
+
+def _assign(copy: tf.Variable, value: tf.Tensor) -> tf.Operation:
+    with tf.device(copy.device):
+        return copy.assign(value, read_value=False)
+
+
+def _flag_after(ops: list[tf.Operation], name: str) -> tf.Operation:
+    """`ops` grouped, then the flag later towers check set (where there is one)."""
+    for flag in tf.compat.v1.get_collection(SYNCED_FLAG):
+        with tf.control_dependencies(ops):
+            ops = [flag.assign(True, read_value=False)]
+    return tf.group(*ops, name=name)
 
 
 def _slots(optimizer: tf.compat.v1.train.Optimizer, variables: list[tf.Variable]) -> list:

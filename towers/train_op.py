@@ -40,8 +40,8 @@ class TrainOps(NamedTuple):
     sync_op: copies tower 0's variables (and optimizer slots) into the other
         towers' copies; run it after initialising or restoring. A no-op where
         only one copy exists.
-    init_op: initialises every global and local variable built so far, then runs
-        the sync: the one op a fresh start needs.
+    init_op: initialises every global and local variable built so far, and starts
+        the other towers' copies equal to tower 0's: the one op a fresh start needs.
     all_finite: bool scalar, whether the step's loss and gradient norm were
         finite (so the update was applied); None with nonfinite="apply" (and no
         loss scale).
@@ -192,7 +192,7 @@ def build_train_op(
     # After the update is built: its optimizer slots have copies to sync too.
     sync_op = mode.sync_op(towers, optimizer)
     return TrainOps(train_op, loss, metrics, global_step, norm, sync_op,
-                    _init_op(mode, towers, optimizer), guarded.applied,
+                    mode.init_op(towers, optimizer), guarded.applied,
                     scaler.value if scaler else None, guarded.overflow,
                     tuple(t.outputs for t in step.built), sums[0].statistics if sums else 0,
                     started)
@@ -266,14 +266,6 @@ def _warn_unsynchronized(batch_norm: str, sums: list[CrossTowerSums]) -> None:
             "moments with ctx.batch_moments (Keras' BatchNormalization layers are "
             "synchronized already), or pass batch_norm='local'",
             UserWarning, stacklevel=3)
-
-
-def _init_op(mode: VariableUpdate, towers: list[Tower], optimizer) -> tf.Operation:
-    """Initialise, then copy tower 0 into the replicas: the sync must read initial values."""
-    v1 = tf.compat.v1
-    with tf.control_dependencies([v1.global_variables_initializer(),
-                                  v1.local_variables_initializer()]):
-        return tf.group(mode.sync_op(towers, optimizer), name="init_op")
 
 
 def _concat_predictions(towers: list[Tower], device: str,

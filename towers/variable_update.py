@@ -91,6 +91,15 @@ class VariableUpdate:
         """Makes every tower's copies equal tower 0's; a no-op with one copy."""
         return self.variables.sync_op([t.trainable for t in towers], optimizer)
 
+    def init_op(self, towers: list[Tower], optimizer: tf.compat.v1.train.Optimizer
+                ) -> tf.Operation:
+        """Initialises every global and local variable built so far, and starts every
+        tower's copies equal to tower 0's."""
+        v1 = tf.compat.v1
+        return self.variables.init_op(
+            [t.trainable for t in towers], optimizer,
+            [v1.global_variables_initializer(), v1.local_variables_initializer()])
+
 
 class ParameterServer(VariableUpdate):
     """One copy of each variable on `param_device`; every tower reads it.
@@ -174,6 +183,9 @@ class Replicated(VariableUpdate):
                                       self.all_reduce)
         pairs, norms = [], []
         for tower, grads in zip(towers, reduced, strict=True):
+            if norms and clip_norm is None:  # tower 0's norm is the one reported
+                pairs.extend(present_pairs(grads, tower.trainable))
+                continue
             # Each tower clips its own copy on its own device; the inputs are
             # identical, so the results are too, with no cross-device wait.
             with tf.device(tower.device):

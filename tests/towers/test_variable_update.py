@@ -71,6 +71,32 @@ def test_init_op_alone_starts_replicated_training_with_equal_copies(graph):
             np.testing.assert_array_equal(sess.run(copy), values[copy.op.name.split("/", 1)[1]])
 
 
+class RandomSlotMomentum(tf.compat.v1.train.MomentumOptimizer):
+    """Momentum whose slots start at a random draw, not at zeros."""
+
+    def _create_slots(self, var_list):
+        for v in var_list:
+            self._get_or_make_slot_with_initializer(
+                v, tf.compat.v1.random_normal_initializer(), v.shape, v.dtype.base_dtype,
+                "momentum", self._name)
+
+
+def test_init_op_starts_every_copy_at_tower_0s_own_random_draw(graph):
+    x = tf.compat.v1.placeholder(tf.float32, [8, 4])
+    y = tf.compat.v1.placeholder(tf.int32, [8])
+    ops = towers.build_train_op(tiny_classifier, x, y, RandomSlotMomentum(0.05, 0.9),
+                                cpus(3), variable_update="replicated")
+    copies = tf.compat.v1.get_collection(towers.REPLICA_COPIES)
+    with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
+        for _ in range(2):  # each run draws afresh, and every copy follows
+            sess.run(ops.init_op)
+            values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
+            assert np.abs(values["w/Momentum"]).sum() > 0  # a draw, not zeros
+            for copy in copies:
+                np.testing.assert_array_equal(sess.run(copy),
+                                              values[copy.op.name.split("/", 1)[1]])
+
+
 def test_init_op_initialises_parameter_server_mode_too(graph):
     x, y = tf.zeros([4, 4]), tf.zeros([4], tf.int32)
     ops = towers.build_train_op(tiny_classifier, x, y, momentum(), cpus(2))
