@@ -38,21 +38,18 @@ then what they run:
   limits        FLOPs per step, the peak matmul, the CPU's 16-bit flags
 and overhead, the metrics exporter's own benchmark (python -m launch.bench.overhead).
 
-Importing this package imports no TensorFlow: the CLI imports it to build its parser
-before any job file is checked.
+Importing this package imports no TensorFlow, and of its modules only `settings`: the
+CLI imports it to build its parser, in every towers process, before any job file is
+checked. The rest load when a report is run or one of their names is first asked for
+(`__getattr__` below): they would add about 70 ms to every command's start.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 
-from launch.bench import startup
-from launch.bench.cases import build_towers_case
-from launch.bench.input import input_bench
-from launch.bench.memory import run_memory
-from launch.bench.mirrored import TF1StyleVariables, build_mirrored_case
-from launch.bench.runs import cluster_rate
 from launch.bench.settings import (
     MODES,
     QUICK,
@@ -60,6 +57,7 @@ from launch.bench.settings import (
     Row,
     Settings,
     Variant,
+    add_arguments,
     check_installed,
     check_memory,
     check_model,
@@ -69,8 +67,6 @@ from launch.bench.settings import (
     parse_variants,
     settings_from_args,
 )
-from launch.bench.settings import add_arguments as _throughput_arguments
-from launch.bench.throughput import plan_rows, run_bench, throughput_report
 from launch.config import JobConfig
 from launch.errors import EXIT_OK
 from launch.log import log
@@ -103,11 +99,21 @@ __all__ = [
 
 EXIT_ROWS_FAILED = 1  # a row's runs failed; the table says why
 
+# Names this package offers from its modules loaded on first use: name -> module.
+_LOADED_ON_USE = {
+    "build_towers_case": "cases",
+    "TF1StyleVariables": "mirrored",
+    "build_mirrored_case": "mirrored",
+    "cluster_rate": "runs",
+    "plan_rows": "throughput",
+    "run_bench": "throughput",
+}
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `towers bench`, beside the job's own (-c, --set)."""
-    _throughput_arguments(parser)
-    startup.add_argument(parser)
+
+def __getattr__(name: str):
+    if name not in _LOADED_ON_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_LOADED_ON_USE[name]}"), name)
 
 
 def run(args: argparse.Namespace, job: JobConfig) -> int:
@@ -116,6 +122,8 @@ def run(args: argparse.Namespace, job: JobConfig) -> int:
     settings = settings_from_args(args, job)
     wanted = getattr(args, "startup", False)
     if wanted:
+        from launch.bench import startup
+
         settings = startup.with_defaults(settings, args)
     report, failed = bench(settings, args.memory, log, args.input, job if wanted else None)
     print(report, flush=True)
@@ -133,9 +141,17 @@ def bench(settings: Settings, memory_steps: int | None,
     job) the start-up report), and the rows whose runs failed (as "mode on N devices
     (variant)"), which make the command exit 1."""
     if memory_steps is not None:
+        from launch.bench.memory import run_memory
+
         return run_memory(settings, memory_steps, write), []
     if input_rows:
+        from launch.bench.input import input_bench
+
         return input_bench(settings, write), []
     if startup_of is not None:
-        return startup.startup_report(settings, startup_of, write), []
+        from launch.bench.startup import startup_report
+
+        return startup_report(settings, startup_of, write), []
+    from launch.bench.throughput import throughput_report
+
     return throughput_report(settings, write)

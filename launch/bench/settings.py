@@ -30,6 +30,8 @@ BUILDS_AT_ONCE = 2
 
 # What a row is measured with unless an option says otherwise; --input measures 1 device.
 DEFAULTS = {"towers": (1, 2, 4), "steps": 20, "warmup": 10, "repeats": 5}
+# --startup's: each run's steps, and the runs of each change
+STARTUP_DEFAULTS = {"steps": 20, "repeats": 3}
 INPUT_TOWERS = (1,)
 
 # --quick: 1 and 2 devices, a few short blocks, and one whole run per multi-process
@@ -217,6 +219,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
         f"STEPS (default {MEMORY_STEPS}) steps of towers train",
     )
+    parser.add_argument(
+        "--startup", action="store_true",
+        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
+        "and what each optional part adds to its peak (default: "
+        f"{STARTUP_DEFAULTS['repeats']} interleaved runs of {STARTUP_DEFAULTS['steps']} "
+        "steps each)")
 
 
 def add_block_arguments(parser: argparse.ArgumentParser, defaults: dict, each: str) -> None:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from launch.bench.runs import RunFailed, failure_reason, stop_group, towers_command
+from launch.bench.settings import STARTUP_DEFAULTS as DEFAULTS
 from launch.bench.settings import Settings
 from launch.bench.throughput import PEER
 from launch.config import JobConfig
@@ -39,17 +40,7 @@ STAGE_TEXT = {
     "first_step": "the first step: activations, the kernels' buffers",
 }
 AS_WRITTEN = "the job as written"
-DEFAULTS = {"steps": 20, "repeats": 3}  # each run's steps, and the runs of each change
 NEVER = 10**9  # a step count no run reaches: 'only at the start and the end'
-
-
-def add_argument(parser: argparse.ArgumentParser) -> None:
-    """`towers bench --startup`."""
-    parser.add_argument(
-        "--startup", action="store_true",
-        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
-        "and what each optional part adds to its peak (default: "
-        f"{DEFAULTS['repeats']} interleaved runs of {DEFAULTS['steps']} steps each)")
 
 
 def with_defaults(settings: Settings, args: argparse.Namespace) -> Settings:
