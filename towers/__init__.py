@@ -20,7 +20,7 @@ from towers.phases import PHASES as STEP_PHASES
 from towers.phases import step_phase
 from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
 from towers.precision import FLOAT64, GRADIENT_DTYPES, PRECISIONS, Precision
-from towers.sharing import REPLICA_COPIES
+from towers.replica_copies import REPLICA_COPIES
 from towers.split import batch_shortfall, shard_sizes, split_batch
 from towers.train_op import EvalOps, TrainOps, build_eval_ops, build_train_op
 from towers.variable_update import (

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from towers.sharing import REPLICA_COPIES
+from towers.replica_copies import REPLICA_COPIES
 
 ASSIGN_OP_TYPES = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
 GROUP_OP_TYPES = frozenset({"NoOp"})

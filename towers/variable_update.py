@@ -36,7 +36,8 @@ from towers import packing
 from towers import precision as precision_lib
 from towers.builder import Tower
 from towers.placement import DeviceFn, LeastLoaded, host_cpu, least_loaded
-from towers.sharing import ReplicaCopies, SharedVariables, VariableSharing
+from towers.replica_copies import ReplicaCopies
+from towers.sharing import SharedVariables, VariableSharing
 
 # Maps a list of gradients (tensors, IndexedSlices or None) to a list of the same length.
 GradientsFn = Callable[[list], list]
@@ -156,7 +157,7 @@ class ParameterServer(VariableUpdate):
 
 class Replicated(VariableUpdate):
     """A copy of each trainable variable per tower, on the tower's device
-    (towers.sharing.ReplicaCopies); gradients all-reduced, every copy updated by the
+    (towers.replica_copies.ReplicaCopies); gradients all-reduced, every copy updated by the
     same step. One apply_gradients call updates every copy, so optimizers with
     per-step state (Adam's beta powers) advance it once.
 

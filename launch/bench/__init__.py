@@ -51,13 +51,14 @@ import importlib
 from collections.abc import Callable
 
 from launch.bench.settings import (
+    MEMORY_STEPS,
     MODES,
     QUICK,
+    STARTUP_DEFAULTS,
     BenchError,
     Row,
     Settings,
     Variant,
-    add_arguments,
     check_installed,
     check_memory,
     check_model,
@@ -67,6 +68,7 @@ from launch.bench.settings import (
     parse_variants,
     settings_from_args,
 )
+from launch.bench.settings import add_arguments as add_row_arguments
 from launch.config import JobConfig
 from launch.errors import EXIT_OK
 from launch.log import log
@@ -108,6 +110,28 @@ _LOADED_ON_USE = {
     "plan_rows": "throughput",
     "run_bench": "throughput",
 }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `towers bench`, beside the job's own (-c, --set): the rows' (in
+    settings), and those that ask for another report instead of the rows' table."""
+    add_row_arguments(parser)
+    parser.add_argument(
+        "--input", action="store_true",
+        help="instead: training fed by synthetic data, pre-decoded TFRecords (float and "
+        "uint8) and JPEG TFRecords, on 1 device (or --towers), and each input alone",
+    )
+    parser.add_argument(
+        "--memory", type=int, nargs="?", const=MEMORY_STEPS, metavar="STEPS",
+        help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
+        f"STEPS (default {MEMORY_STEPS}) steps of towers train",
+    )
+    parser.add_argument(
+        "--startup", action="store_true",
+        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
+        "and what each optional part adds to its peak (default: "
+        f"{STARTUP_DEFAULTS['repeats']} interleaved runs of {STARTUP_DEFAULTS['steps']} "
+        "steps each)")
 
 
 def __getattr__(name: str):

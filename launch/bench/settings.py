@@ -164,7 +164,8 @@ class Row:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `towers bench`, beside the job's own (-c, --set)."""
+    """The options of `towers bench` that shape its rows (the package adds those asking
+    for another report)."""
     parser.add_argument("--model", metavar="NAME",
                         help="model to measure, with its defaults (default: the job's model)")
     parser.add_argument("--batch", type=int, metavar="N",
@@ -209,22 +210,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"devices {','.join(map(str, QUICK['towers']))}, "
                         f"{QUICK['repeats']} blocks of {QUICK['steps']} steps, one run per "
                         "multi-process row: a check that every mode runs, not a benchmark")
-    parser.add_argument(
-        "--input", action="store_true",
-        help="instead: training fed by synthetic data, pre-decoded TFRecords (float and "
-        "uint8) and JPEG TFRecords, on 1 device (or --towers), and each input alone",
-    )
-    parser.add_argument(
-        "--memory", type=int, nargs="?", const=MEMORY_STEPS, metavar="STEPS",
-        help="instead: peak RSS of 8 towers vs 1 (parameter_server), and RSS over "
-        f"STEPS (default {MEMORY_STEPS}) steps of towers train",
-    )
-    parser.add_argument(
-        "--startup", action="store_true",
-        help="instead: a `towers train` of the job's start-up and memory stage by stage, "
-        "and what each optional part adds to its peak (default: "
-        f"{STARTUP_DEFAULTS['repeats']} interleaved runs of {STARTUP_DEFAULTS['steps']} "
-        "steps each)")
 
 
 def add_block_arguments(parser: argparse.ArgumentParser, defaults: dict, each: str) -> None:
