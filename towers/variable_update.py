@@ -183,8 +183,8 @@ class Replicated(VariableUpdate):
         reduced = grad_lib.all_reduce(tower_grads, [t.device for t in towers], dtypes,
                                       self.all_reduce)
         pairs, norms = [], []
-        for tower, grads in zip(towers, reduced, strict=True):
-            if norms and clip_norm is None:  # tower 0's norm is the one reported
+        for index, (tower, grads) in enumerate(zip(towers, reduced, strict=True)):
+            if index > 0 and clip_norm is None:  # tower 0's norm is the one reported
                 pairs.extend(present_pairs(grads, tower.trainable))
                 continue
             # Each tower clips its own copy on its own device; the inputs are

@@ -26,10 +26,7 @@ def test_replicated_copies_start_equal_stay_equal_and_save_once(tmp_path):
             sess.run(ops.sync_op)
             names = ["w", "b", "w/Momentum", "b/Momentum"]
             for _ in range(2):
-                values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
-                for copy in copies:
-                    source = copy.op.name.split("/", 1)[1]
-                    np.testing.assert_array_equal(sess.run(copy), values[source])
+                assert_copies_equal_tower_0s(sess, copies)
                 for xb, yb in batches:
                     sess.run(ops.train_op, {x: xb, y: yb})
             path = saver.save(sess, str(tmp_path / "model"))
@@ -37,11 +34,18 @@ def test_replicated_copies_start_equal_stay_equal_and_save_once(tmp_path):
     assert saved == sorted(["global_step", *names])
 
 
-def replicated_graph(num_towers=2):
+def assert_copies_equal_tower_0s(sess, copies):
+    """Every later tower's copy (`tower_i/<name>`) holds what tower 0's `<name>` holds."""
+    values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
+    for copy in copies:
+        np.testing.assert_array_equal(sess.run(copy), values[copy.op.name.split("/", 1)[1]])
+
+
+def replicated_graph(num_towers=2, optimizer=None):
     x = tf.compat.v1.placeholder(tf.float32, [8, 4])
     y = tf.compat.v1.placeholder(tf.int32, [8])
-    ops = towers.build_train_op(tiny_classifier, x, y, momentum(), cpus(num_towers),
-                                variable_update="replicated")
+    ops = towers.build_train_op(tiny_classifier, x, y, optimizer or momentum(),
+                                cpus(num_towers), variable_update="replicated")
     xb, yb = image_batches(models.InputSpec((4,), tf.float32, (), tf.int32, 3), 8, 1)[0]
     return ops, {x: xb, y: yb}
 
@@ -65,10 +69,8 @@ def test_init_op_alone_starts_replicated_training_with_equal_copies(graph):
     with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
         sess.run(ops.init_op)
         sess.run(ops.train_op, feed)
-        values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
         assert len(copies) == 8  # w, b and their momentum slots, on towers 1 and 2
-        for copy in copies:
-            np.testing.assert_array_equal(sess.run(copy), values[copy.op.name.split("/", 1)[1]])
+        assert_copies_equal_tower_0s(sess, copies)
 
 
 class RandomSlotMomentum(tf.compat.v1.train.MomentumOptimizer):
@@ -82,19 +84,14 @@ class RandomSlotMomentum(tf.compat.v1.train.MomentumOptimizer):
 
 
 def test_init_op_starts_every_copy_at_tower_0s_own_random_draw(graph):
-    x = tf.compat.v1.placeholder(tf.float32, [8, 4])
-    y = tf.compat.v1.placeholder(tf.int32, [8])
-    ops = towers.build_train_op(tiny_classifier, x, y, RandomSlotMomentum(0.05, 0.9),
-                                cpus(3), variable_update="replicated")
+    ops, _ = replicated_graph(3, RandomSlotMomentum(0.05, 0.9))
     copies = tf.compat.v1.get_collection(towers.REPLICA_COPIES)
+    slot = next(v for v in tf.compat.v1.global_variables() if v.op.name == "w/Momentum")
     with tf.compat.v1.Session(config=cpu_session_config(3)) as sess:
         for _ in range(2):  # each run draws afresh, and every copy follows
             sess.run(ops.init_op)
-            values = sess.run({v.op.name: v for v in tf.compat.v1.global_variables()})
-            assert np.abs(values["w/Momentum"]).sum() > 0  # a draw, not zeros
-            for copy in copies:
-                np.testing.assert_array_equal(sess.run(copy),
-                                              values[copy.op.name.split("/", 1)[1]])
+            assert np.abs(sess.run(slot)).sum() > 0  # a draw, not zeros
+            assert_copies_equal_tower_0s(sess, copies)
 
 
 def test_init_op_initialises_parameter_server_mode_too(graph):
