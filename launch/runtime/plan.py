@@ -13,7 +13,14 @@ import models
 import towers
 from launch import data, modelref
 from launch.config import JobConfig, TowersConfig
-from launch.devices import list_gpus, num_cpu_devices, param_device, session_config, tower_devices
+from launch.devices import (
+    list_gpus,
+    num_cpu_devices,
+    on_cpus,
+    param_device,
+    session_config,
+    tower_devices,
+)
 from launch.errors import BadInput
 
 V1 = tf.compat.v1
@@ -122,7 +129,7 @@ def resolve_devices(job: JobConfig, processes: int = 1
     num_gpus = len(list_gpus(job.session))
     devices = tower_devices(job.towers, num_gpus)
     param = param_device(job.towers, num_gpus)
-    config = session_config(job.session, num_cpu_devices(devices, param))
+    config = session_config(job.session, num_cpu_devices(devices, param), on_cpus(devices))
     _check_batch_size(job, len(devices), processes)
     return devices, param, config
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import collections
+
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from launch.config import SessionConfig, from_dict
 from launch.devices import (
     CPU_TOWERS_WITHOUT_GPU,
     DeviceError,
     num_cpu_devices,
+    on_cpus,
     param_device,
+    session_config,
     tower_devices,
     visible_physical_ids,
 )
@@ -53,6 +59,43 @@ def test_the_session_gets_a_cpu_device_for_every_cpu_named():
     assert num_cpu_devices(["/gpu:0", "/gpu:1"], "/cpu:0") == 1
     assert num_cpu_devices(["/cpu:0", "/cpu:3"], "/cpu:0") == 4
     assert num_cpu_devices(["/cpu:0", "/cpu:1"], "least_loaded") == 2
+
+
+def test_towers_on_cpus_are_told_apart_from_any_on_a_gpu():
+    assert on_cpus(["/cpu:0", "/cpu:1"]) and on_cpus(["/job:worker/task:0/device:CPU:0"])
+    assert not on_cpus(["/cpu:0", "/gpu:0"])
+
+
+def _step_ops(config: tf.compat.v1.ConfigProto) -> collections.Counter:
+    """The op types of the graphs a session runs for one training step of a small
+    convolution, batch norm and ReLU under `config`."""
+    with tf.Graph().as_default():
+        images = tf.constant(np.random.default_rng(0).random((4, 8, 8, 3), np.float32))
+        kernel = tf.compat.v1.get_variable("kernel", [3, 3, 3, 8])
+        bias = tf.compat.v1.get_variable("bias", [8], initializer=tf.zeros_initializer())
+        scale = tf.compat.v1.get_variable("scale", [8], initializer=tf.ones_initializer())
+        conv = tf.nn.bias_add(tf.nn.conv2d(images, kernel, 1, "SAME"), bias)
+        normed, *_ = tf.compat.v1.nn.fused_batch_norm(conv, scale, tf.zeros([8]))
+        loss = tf.reduce_mean(tf.nn.relu(normed))
+        step = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9).minimize(loss)
+        metadata = tf.compat.v1.RunMetadata()
+        with tf.compat.v1.Session(config=config) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(step, options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+                     run_metadata=metadata)
+    return collections.Counter(n.op for g in metadata.partition_graphs for n in g.node)
+
+
+def test_the_lighter_rewriting_of_cpu_towers_runs_the_step_tensorflows_default_runs():
+    """graph_rewriting: one pass, no layout or memory optimizer on CPU towers, and the
+    step's graph as TensorFlow's default rewriting makes it, fused kernels and all."""
+    lighter = _step_ops(session_config(SessionConfig(), cpu_towers=True))
+    default = session_config(SessionConfig())
+    not_rewritten = tf.compat.v1.ConfigProto()
+    not_rewritten.CopyFrom(default)
+    not_rewritten.graph_options.rewrite_options.disable_meta_optimizer = True
+    assert lighter == _step_ops(default)
+    assert lighter != _step_ops(not_rewritten)  # the rewriting changed the step
 
 
 def test_cuda_visible_devices_then_visible_devices_pick_physical_gpus(monkeypatch):
