@@ -87,6 +87,12 @@ class DataState:
     def read(self, session) -> Stored:
         return Stored.of(session.run(self.variables))
 
+    def read_at(self, session, global_step: tf.Tensor) -> tuple[int, Stored]:
+        """The global step and the state, in one run (each run of a new set of fetches
+        costs a start its graph's optimisation)."""
+        step, values = session.run((global_step, self.variables))
+        return int(step), Stored.of(values)
+
     def write(self, session, stored: Stored) -> None:
         session.run(self._write, {self._fed[n]: v for n, v in stored.as_dict().items()})
 
@@ -150,8 +156,8 @@ class DataPositionHook(V1.train.SessionRunHook):
         self.batches: int | None = None  # this session's input's, None: no end
 
     def after_create_session(self, session, coord) -> None:
-        step = int(session.run(self._global_step))
-        stored = self._settled(session, step)
+        step, first_read = self._state.read_at(session, self._global_step)
+        stored = self._settled(session, step, first_read)
         self.progress = progress = stored.progress
         end = progress.end_step(self._epochs)
         start = progress.position(step)
@@ -246,10 +252,12 @@ class DataPositionHook(V1.train.SessionRunHook):
         return batches_left(position, self._epochs, self.progress.num_examples,
                             self.progress.batch_size)
 
-    def _settled(self, session, step: int) -> Stored:
+    def _settled(self, session, step: int, read: Stored) -> Stored:
+        """The data state the job goes on with at `step`, from `read` (as first read):
+        rebased onto the job's data, or, by a process that does not rebase, awaited."""
         deadline = time.monotonic() + self._wait_secs
         while True:
-            stored = self._at_lowest(session, self._state.read(session), step)
+            stored = self._at_lowest(session, read, step)
             settled, change = reconcile(stored, self._state.wanted, step)
             if change is None:
                 return settled
@@ -265,6 +273,7 @@ class DataPositionHook(V1.train.SessionRunHook):
             if time.monotonic() > deadline or moved_on:
                 raise self._unsettled(stored, moved_on, change)
             time.sleep(WAIT_POLL_SECS)
+            read = self._state.read(session)
 
     def _at_lowest(self, session, stored: Stored, step: int) -> Stored:
         """An asynchronous job's state as it stands at step ``step``: at the lowest

@@ -89,7 +89,7 @@ def test_a_worker_whose_data_or_batch_differ_from_the_chiefs_is_refused_once_the
         state.write(sess, chiefs)
         sess.run(step.assign(3))  # the chief has trained since this worker's start, at 2
         with pytest.raises(BadInput) as raised:
-            hook._settled(sess, 2)
+            hook._settled(sess, 2, state.read(sess))
     assert says in str(raised.value), str(raised.value)
 
 
