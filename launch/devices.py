@@ -197,11 +197,11 @@ def graph_rewriting(cpu_towers: bool) -> RewriterConfig:
 
     A session optimises the graph of each new set of fetches before it first runs it:
     the initialisers, the first checkpoint, the first step, the first step without
-    summaries. On a 1-device resnet20 that was 0.8 s of a 4 s start, 0.3 s of it before
+    summaries. On a 1-device resnet20 that was 0.8 s of a 4 s start, 0.54 s of it before
     the first step ended. On CPU towers (resnet20 on 1 and 2 towers, the default job):
       - the second of Grappler's two passes over each graph took a third of the time
-        and changed nothing (resnet20), or removed 4 duplicate nodes of 270 (the default
-        job): one pass;
+        and removed at most one duplicate node (resnet20's step), 4 of 270 (the default
+        job's): one pass;
       - the layout optimizer changes data layouts for GPUs, and the memory optimizer
         swaps GPU memory to the host or recomputes ops a model marked: both walked
         every graph and changed nothing: off.
