@@ -218,10 +218,9 @@ def _time_one(row: Row, case: CaseProcess | ClusterCase, settings: Settings,
 
 # Where the figures stand against TensorFlow's own tower trainer, measured side by side.
 PEER = ("Against tf_cnn_benchmarks (TensorFlow's own tower trainer) on resnet20, batch 128, "
-        "momentum SGD, 1 and 2 devices: examples/sec level, peak RSS 1.02x with oneDNN "
-        "(0.88-0.89x without, against its plain SGD); the first step level on 2 devices "
-        "(a noisy run), about 0.5 s later on 1 (BENCHMARKS.md, 'Memory and start-up "
-        "against tf_cnn_benchmarks').")
+        "momentum SGD, 1 and 2 devices: the first step and examples/sec level, peak RSS "
+        "1.01x with oneDNN (0.88-0.89x without, against its plain SGD) (BENCHMARKS.md, "
+        "'Memory and start-up against tf_cnn_benchmarks').")
 
 
 def throughput_report(settings: Settings,
