@@ -7,6 +7,7 @@ import collections
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers.sessions import without_rewriting
 
 from launch.config import SessionConfig, from_dict
 from launch.devices import (
@@ -90,12 +91,9 @@ def test_the_lighter_rewriting_of_cpu_towers_runs_the_step_tensorflows_default_r
     """graph_rewriting: one pass, no layout or memory optimizer on CPU towers, and the
     step's graph as TensorFlow's default rewriting makes it, fused kernels and all."""
     lighter = _step_ops(session_config(SessionConfig(), cpu_towers=True))
-    default = session_config(SessionConfig())
-    not_rewritten = tf.compat.v1.ConfigProto()
-    not_rewritten.CopyFrom(default)
-    not_rewritten.graph_options.rewrite_options.disable_meta_optimizer = True
-    assert lighter == _step_ops(default)
-    assert lighter != _step_ops(not_rewritten)  # the rewriting changed the step
+    assert lighter == _step_ops(session_config(SessionConfig()))
+    # the rewriting changed the step
+    assert lighter != _step_ops(without_rewriting(session_config(SessionConfig())))
 
 
 def test_cuda_visible_devices_then_visible_devices_pick_physical_gpus(monkeypatch):
