@@ -14,6 +14,7 @@ from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
 
 from launch.config import SessionConfig, TowersConfig
 from launch.errors import BadInput
+from towers.placement import device_type
 
 # On a host without GPUs, `devices: auto` still builds two towers on two CPU
 # devices, so the default job exercises the same code path as a GPU node.
@@ -111,18 +112,13 @@ def tower_devices(towers: TowersConfig, num_gpus: int) -> list[str]:
         return [f"/{kind}:{i}" for i in range(spec)]
     devices = list(spec)
     for device in devices:
-        spec_ = tf.DeviceSpec.from_string(device)
-        if (spec_.device_type or "").upper() == "GPU" and spec_.device_index >= num_gpus:
+        if (device_type(device) == "GPU"
+                and tf.DeviceSpec.from_string(device).device_index >= num_gpus):
             raise DeviceError(
                 f"towers.devices: {device} does not exist; {num_gpus} GPU(s) visible"
                 + (" (use /cpu:i devices on this host)" if not num_gpus else "")
             )
     return devices
-
-
-def _device_type(device: str) -> str:
-    """'CPU' for '/cpu:1' or '/job:worker/task:0/device:CPU:0', 'GPU' for '/gpu:0'."""
-    return (tf.DeviceSpec.from_string(device).device_type or "").upper()
 
 
 def param_device(towers: TowersConfig, num_gpus: int) -> str:
@@ -142,7 +138,7 @@ def num_cpu_devices(devices: list[str], param: str) -> int:
     indices = [
         tf.DeviceSpec.from_string(d).device_index or 0
         for d in [*devices, param]
-        if d != "least_loaded" and _device_type(d) == "CPU"
+        if d != "least_loaded" and device_type(d) == "CPU"
     ]
     return max(indices, default=0) + 1
 
@@ -215,7 +211,7 @@ def graph_rewriting(cpu_towers: bool) -> RewriterConfig:
 
 def on_cpus(devices: list[str]) -> bool:
     """Whether every one of `devices` is a CPU."""
-    return all(_device_type(d) == "CPU" for d in devices)
+    return all(device_type(d) == "CPU" for d in devices)
 
 
 def cpu_flags() -> set[str]:
@@ -237,7 +233,7 @@ def bfloat16_units(devices: Collection[str], flags: Collection[str] | None = Non
     none, and TensorFlow emulates bfloat16, converting to float32 and back (0.07-0.13x
     float32 measured on an AMD EPYC without AVX-512). flags: the CPU's (default: this
     one's)."""
-    if any(_device_type(device) == "GPU" for device in devices):
+    if any(device_type(device) == "GPU" for device in devices):
         return "GPUs"
     native = native_flags("bfloat16", flags)
     return f"this CPU has {' and '.join(native)}" if native else None
