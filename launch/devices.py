@@ -14,7 +14,7 @@ from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
 
 from launch.config import SessionConfig, TowersConfig
 from launch.errors import BadInput
-from towers.placement import device_type
+from towers import device_type
 
 # On a host without GPUs, `devices: auto` still builds two towers on two CPU
 # devices, so the default job exercises the same code path as a GPU node.

@@ -18,7 +18,7 @@ from towers.nonfinite import NONFINITE_GRADIENT, NONFINITE_LOSS, NONFINITE_POLIC
 from towers.packing import pack_groups, packed
 from towers.phases import PHASES as STEP_PHASES
 from towers.phases import step_phase
-from towers.placement import DeviceFn, GreedyByteBalancer, least_loaded
+from towers.placement import DeviceFn, GreedyByteBalancer, device_type, least_loaded
 from towers.precision import FLOAT64, GRADIENT_DTYPES, PRECISIONS, Precision
 from towers.replica_copies import REPLICA_COPIES
 from towers.split import batch_shortfall, shard_sizes, split_batch
@@ -71,6 +71,7 @@ __all__ = [
     "broadcast_variables",
     "build_eval_ops",
     "build_train_op",
+    "device_type",
     "example_seed",
     "example_uniform",
     "least_loaded",

@@ -62,7 +62,7 @@ def startup_note(train_op, precision: str, devices: Sequence[str], tower_batch: 
     (tower_batch: examples per tower, for a graph built for any batch size): None for
     float32, for towers on no CPU device (a GPU's 16-bit units are what it is for), and
     when the probe finds the model's kernels faster in 16 bits."""
-    from towers.placement import device_type  # imports TensorFlow
+    from towers import device_type  # imports TensorFlow
 
     number_type = _NUMBER_TYPES.get(precision)
     if number_type is None or not any(device_type(d) == "CPU" for d in devices):
