@@ -199,10 +199,7 @@ def test_each_source_and_arrangement_is_found_by_one_name_in_each_layer():
 def test_a_job_and_its_cluster_are_checked_without_tensorflow():
     """The job file, the arrangement a command runs it under and what that refuses, and
     the cluster from its sources: all before TensorFlow's seconds of import."""
-    import subprocess
-    import sys
-
-    from helpers.commands import environment
+    from helpers.commands import run_python
 
     code = (
         "import sys\n"
@@ -216,6 +213,5 @@ def test_a_job_and_its_cluster_are_checked_without_tensorflow():
         "             arrangement=worker)\n"
         "except ConfigError as err:\n"
         "    print(err.key, 'tensorflow' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True,
-                          text=True, timeout=60)
+    done = run_python(code, timeout=60)
     assert done.stdout.split() == ["train.backup_workers", "False"], done.stderr[-2000:]

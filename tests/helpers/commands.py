@@ -79,6 +79,15 @@ def run_towers(*args: str, cwd=None, timeout: float = 240) -> subprocess.Complet
     )
 
 
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process with the tests' environment: what a process
+    imports from its start, which a test's own process (TensorFlow loaded) cannot show."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=environment(), capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )
+
+
 def start_towers(*args: str, cwd=None) -> subprocess.Popen:
     return subprocess.Popen(
         towers_command(*args), cwd=cwd, env=environment(), stdout=subprocess.PIPE,

@@ -1,11 +1,7 @@
 """What a towers process loads as TensorFlow starts (launch.tf_process)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
-from helpers.commands import environment
+from helpers.commands import ok, run_python
 
 # Imported by `import tensorflow` unless towers skips them; none is used by a built-in model.
 SKIPPED = ["h5py", "keras", "matplotlib", "scipy.sparse"]
@@ -24,8 +20,4 @@ def test_tensorflow_starts_without_the_modules_it_tries_and_a_model_still_gets_t
         "dense = keras.layers.Dense(2)\n"
         "print(json.dumps({'loaded': loaded, 'later': [h5py.__name__, type(dense).__name__],\n"
         "                  'sgd': keras.optimizers.SGD.__name__}))\n")
-    done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.splitlines()[-1])
-    assert result == {"loaded": [], "later": ["h5py", "Dense"], "sgd": "SGD"}
+    assert ok(run_python(code)) == {"loaded": [], "later": ["h5py", "Dense"], "sgd": "SGD"}

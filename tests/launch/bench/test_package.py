@@ -1,11 +1,8 @@
 """The bench package imports no TensorFlow with it, since the CLI imports it to build its
 parser (tests/test_import_layers.py checks that no package imports in a circle)."""
 
-import subprocess
-import sys
-
 import pytest
-from helpers.commands import environment
+from helpers.commands import run_python
 
 
 @pytest.mark.e2e
@@ -14,7 +11,6 @@ def test_the_cli_parser_imports_no_tensorflow():
     still imports no TensorFlow, so a bad job file is reported before its seconds."""
     code = ("import sys, launch.cli; launch.cli.build_parser(); "
             "print('tensorflow' in sys.modules, 'launch.bench' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = run_python(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "True"]
