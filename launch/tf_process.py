@@ -1,4 +1,6 @@
-"""What a towers process loads with TensorFlow, and which allocator holds its host memory.
+"""What a towers process loads with TensorFlow, which allocator holds its host memory, and
+which CPU kernels it runs (cpu_kernels: what its figures and cached timings are filed
+under).
 
 Two choices made as TensorFlow starts (launch.log.quiet_tensorflow, which every towers
 process calls first), each measured against tf_cnn_benchmarks on the same job
@@ -33,6 +35,15 @@ from collections.abc import Iterator
 # Modules TensorFlow tries to import as it loads, falling back when they are missing.
 UNUSED_AT_IMPORT = ("keras.src.optimizers", "tf_keras.src.optimizers", "scipy.sparse", "h5py")
 
+# oneDNN's settings of its own that change which kernels it picks, read once as it
+# loads. They matter with TensorFlow's oneDNN kernels off too: TensorFlow's own kernels
+# do their matrix products in oneDNN's sgemm, which picks its instructions (AVX-512,
+# AVX2) from the CPU at run time unless ONEDNN_MAX_CPU_ISA holds it lower (BENCHMARKS.md,
+# "The default job as an AVX2-only CPU runs it"). DNNL_ is oneDNN's older prefix.
+ONEDNN_SETTINGS = tuple(f"{prefix}_{name}" for name in ("MAX_CPU_ISA", "CPU_ISA_HINTS",
+                                                        "DEFAULT_FPMATH_MODE")
+                        for prefix in ("ONEDNN", "DNNL"))
+
 BFC_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 # TensorFlow's BFC host allocator refuses to grow past this many MiB (default 64 GiB);
 # towers raises it to the host's memory, so a job that fits the host fits the allocator.
@@ -62,6 +73,16 @@ def choose_host_allocator() -> str:
         os.environ[BFC_ENV] = "true"
         os.environ.setdefault(BFC_LIMIT_ENV, str(_host_mib()))
     return "bfc" if os.environ.get(BFC_ENV, "").lower() in ("1", "true") else "malloc"
+
+
+def cpu_kernels() -> str:
+    """Which CPU kernels TensorFlow runs in this process, as a figure or a cached timing
+    must name them: 'oneDNN on' or 'oneDNN off', then oneDNN's own settings where set
+    (ONEDNN_SETTINGS), e.g. 'oneDNN off, ONEDNN_MAX_CPU_ISA=AVX2'. The CPU's model and
+    flags are not in it."""
+    settings = [f"{name}={os.environ[name]}" for name in ONEDNN_SETTINGS
+                if os.environ.get(name)]
+    return ", ".join([f"oneDNN {'on' if _onednn_on() else 'off'}", *settings])
 
 
 def _onednn_on() -> bool:

@@ -48,8 +48,11 @@ def heading(about: dict) -> str:
 
 
 def machine() -> str:
-    """'N cores (CPU model), M GiB'."""
+    """'N cores (CPU model), M GiB, oneDNN on' (launch.tf_process.cpu_kernels: the same
+    CPU runs a step at several speeds, by the kernels TensorFlow picks there)."""
     import psutil
+
+    from launch.tf_process import cpu_kernels
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -59,7 +62,7 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     memory = psutil.virtual_memory().total / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB"
+    return f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, {cpu_kernels()}"
 
 
 def gradient_bytes(mode: str, devices: int, trainable_bytes: int,

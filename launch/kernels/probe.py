@@ -7,10 +7,13 @@ convolution ran forward at 0.69x float32 and its gradient at 0.005x. So before a
 in the job's type and in float32, a few runs each, within PROBE_SECONDS, and a job
 whose kernels run slower in 16 bits is told so, with the measured ratios.
 
-Timings are cached per machine (its CPU model and flags) and TensorFlow version, one
-JSON file of {kernel: {number type: seconds}} under the cache directory, so a kernel
-is timed once per machine. The processes of one job start together: they take the
-file's lock in turn, and each times only what the ones before it have not.
+Timings are cached per machine (its CPU model and flags), TensorFlow version and the
+kernels TensorFlow runs there (oneDNN on or off, oneDNN's own settings:
+launch.tf_process.cpu_kernels: on one Xeon the default job's kernels ran in bfloat16 at
+0.38x float32 with oneDNN and 0.094x without), one JSON file of {kernel: {number type:
+seconds}} under the cache directory, so a kernel is timed once per machine and kernels.
+The processes of one job start together: they take the file's lock in turn, and each
+times only what the ones before it have not.
 """
 
 from __future__ import annotations
@@ -94,8 +97,10 @@ def cache_file(cache_dir: str | None = None) -> str:
     launch.cache's directory ($TOWERS_CACHE_DIR, ~/.cache/towers)."""
     import tensorflow as tf
 
+    from launch.tf_process import cpu_kernels
+
     base = cache.cache_dir(cache_dir)
-    machine = hashlib.sha256(_cpu_identity().encode()).hexdigest()[:16]
+    machine = hashlib.sha256((_cpu_identity() + cpu_kernels()).encode()).hexdigest()[:16]
     return os.path.join(base, f"kernels-tf{tf.__version__}-{machine}.json")
 
 

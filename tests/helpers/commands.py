@@ -79,12 +79,14 @@ def run_towers(*args: str, cwd=None, timeout: float = 240) -> subprocess.Complet
     )
 
 
-def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`code` in a fresh Python process with the tests' environment: what a process
-    imports from its start, which a test's own process (TensorFlow loaded) cannot show."""
+def run_python(code: str, timeout: float = 120,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`code` in a fresh Python process with the tests' environment (and `env`): what a
+    process imports or decides from its start, which a test's own process (TensorFlow
+    loaded) cannot show."""
     return subprocess.run(
-        [sys.executable, "-c", code], env=environment(), capture_output=True, text=True,
-        timeout=timeout, stdin=subprocess.DEVNULL,
+        [sys.executable, "-c", code], env={**environment(), **(env or {})},
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
     )
 
 

@@ -1,6 +1,7 @@
 """The kernels of a step: found in the graph, rebuilt alone, timed, combined, probed."""
 
 import json
+import os
 import threading
 from collections import Counter
 
@@ -10,7 +11,7 @@ from helpers.tower_training import momentum
 
 import models
 import towers
-from launch import kernels
+from launch import kernels, tf_process
 from launch.kernels import FORWARD, GRADIENT, Kernel, Probe
 from launch.kernels.timing import MAX_REPEATS, build_alone, repeats
 
@@ -169,6 +170,22 @@ def test_the_real_probe_times_the_models_kernels_once_per_machine(tmp_path):
     # Asked again (another job on this machine), it times nothing: the same figures.
     assert kernels.probe(found, "bfloat16", cache_dir=str(tmp_path)) == first
     assert json.loads(open(first.cache).read()) == written
+
+
+def test_timings_are_kept_apart_for_each_set_of_kernels_a_cpu_runs(tmp_path, monkeypatch):
+    # One Xeon ran the default job's kernels in bfloat16 at 0.38x float32 with oneDNN and
+    # at 0.094x without: timings taken under one must not answer a job under the other.
+    for name in tf_process.ONEDNN_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    plain = kernels.cache_file(str(tmp_path))
+    assert kernels.cache_file(str(tmp_path)) == plain
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    held_to_avx2 = kernels.cache_file(str(tmp_path))
+    flipped = not tf_process._onednn_on()  # TensorFlow decides it once per process
+    monkeypatch.setattr(tf_process, "_onednn_on", lambda: flipped)
+    other_kernels = kernels.cache_file(str(tmp_path))
+    made = [plain, held_to_avx2, other_kernels]
+    assert len(set(made)) == 3 and {os.path.dirname(path) for path in made} == {str(tmp_path)}
 
 
 def test_parallel_probes_take_turns_and_time_each_kernel_once(tmp_path):
