@@ -38,7 +38,12 @@ BUSIER_HOST = ("nice", "-n", "5")
 
 @pytest.mark.e2e
 def test_the_chief_names_the_slow_worker_then_the_stopped_one(tmp_path):
-    large = jpeg_records(tmp_path / "large.tfrecord", 1024)
+    # 1,536 px: worker 1's decoding outlasts its compute by far, however slow a loaded
+    # host makes the latter. At 1,024 px, in a suite run on a 2-core Xeon, its compute
+    # took 0.034 s a step, its one decoding thread mostly hid behind it (0.014 s input
+    # wait), and it was named "mostly compute". Alone here: 0.161 s of input wait a step
+    # against 0.064 s at 1,024 px; beside two busy loops, 0.563 s.
+    large = jpeg_records(tmp_path / "large.tfrecord", 1536)
     cluster = Cluster(tmp_path, [*JOB, "--set", f"train.timeline={tmp_path / 'tl.json'}",
                                  "--set", f"data.path={large}"], workers=2)
     base = cluster.args
