@@ -8,12 +8,12 @@ in the job's type and in float32, a few runs each, within PROBE_SECONDS, and a j
 whose kernels run slower in 16 bits is told so, with the measured ratios.
 
 Timings are cached per machine (its CPU model and flags), TensorFlow version and the
-kernels TensorFlow runs there (oneDNN on or off, oneDNN's own settings:
-launch.tf_process.cpu_kernels: on one Xeon the default job's kernels ran in bfloat16 at
-0.38x float32 with oneDNN and 0.094x without), one JSON file of {kernel: {number type:
-seconds}} under the cache directory, so a kernel is timed once per machine and kernels.
-The processes of one job start together: they take the file's lock in turn, and each
-times only what the ones before it have not.
+kernels TensorFlow runs there (launch.tf_process.cpu_kernels: oneDNN on or off, and
+oneDNN's own settings), one JSON file of {kernel: {number type: seconds}} under the
+cache directory, so a kernel is timed once per machine and kernels. The kernels matter:
+on one Xeon the default job's kernels ran in bfloat16 at 0.38x float32 with oneDNN and
+at 0.094x without. The processes of one job start together: they take the file's lock
+in turn, and each times only what the ones before it have not.
 """
 
 from __future__ import annotations
