@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 
 import pytest
 from helpers import slurm
@@ -81,17 +82,30 @@ def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path)
 # --- the sbatch examples, training --------------------------------------------------------
 
 def submit(cluster, tmp_path, example: str, tasks: int, steps: int, *towers_args: str) -> int:
+    """The example on this node, each task writing a file of its own (tasks_output): the
+    tasks stop at once, and in one shared file srun cut one task's result line with
+    another's "stopped on signal" (docs/slurm.md)."""
     return slurm.submit_example(cluster, tmp_path, example, *ON_THIS_NODE,
                                 f"--ntasks-per-node={tasks}", steps=steps,
-                                towers_args=towers_args)
+                                towers_args=towers_args, task_files=True)
 
 
-def wait_for(cluster, job: int, pattern: str, after: int = 0, timeout: float = 120) -> None:
-    """Until `pattern` appears in the job's output past offset `after`."""
+def tasks_output(tmp_path, since: Sequence[str] = ()) -> str:
+    """What the job's tasks wrote, by rank, past `since` (the files as task_outputs read
+    them earlier): srun appends to them across requeues, as --open-mode=append has the
+    job's own file appended to."""
+    outputs = slurm.task_outputs(tmp_path)
+    earlier = [*since, *[""] * (len(outputs) - len(since))]
+    return "".join(now[len(before):] for now, before in zip(outputs, earlier, strict=True))
+
+
+def wait_for(cluster, job: int, tmp_path, pattern: str, since: Sequence[str] = (),
+             timeout: float = 120) -> None:
+    """Until `pattern` appears in what the job's tasks wrote past `since`."""
     deadline = time.monotonic() + timeout
-    while not re.search(pattern, cluster.output(job)[after:]):
-        assert time.monotonic() < deadline, (pattern, cluster.output(job)[-3000:])
-        assert cluster.state(job) not in slurm.ENDED, cluster.output(job)[-3000:]
+    while not re.search(pattern, tasks_output(tmp_path, since)):
+        assert time.monotonic() < deadline, (pattern, tasks_output(tmp_path, since)[-3000:])
+        assert cluster.state(job) not in slurm.ENDED, tasks_output(tmp_path, since)[-3000:]
         time.sleep(0.2)
 
 
@@ -117,27 +131,31 @@ def test_the_collective_example_requeued_on_138_and_near_its_time_limit_resumes_
     job = submit(cluster, tmp_path, "collective.sbatch", 2, 100_000,
                  "--set", "train.checkpoint_every_steps=20",
                  "--set", "cluster.operation_timeout_secs=10")
-    wait_for(cluster, job, r"saved checkpoint at step [1-9]")
+    wait_for(cluster, job, tmp_path, r"saved checkpoint at step [1-9]")
     os.kill(towers_pid(cluster, job, 1), signal.SIGKILL)
     cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=60)
-    runs = [cluster.output(job)]
-    assert re.search(r"towers: error: .*worker 1", runs[0]), runs[0][-3000:]  # names it
+    tasks, script = [slurm.task_outputs(tmp_path)], [cluster.output(job)]  # at each run's end
+    first = tasks_output(tmp_path)
+    assert re.search(r"towers: error: .*worker 1", first), first[-3000:]  # names it
 
-    resumed_run(cluster, job, runs)
+    wait_for(cluster, job, tmp_path, r"step \d+/100000", since=tasks[0], timeout=180)
     cluster.scancel(job, "--batch", "--signal=USR1")
     cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=120)
-    second = cluster.output(job)[len(runs[0]):]
-    runs.append(second)
+    second = tasks_output(tmp_path, since=tasks[0])
+    second_script = cluster.output(job)[len(script[0]):]
+    tasks.append(slurm.task_outputs(tmp_path))
+    script.append(cluster.output(job))
     saved_at = latest_step(tmp_path / "ckpt")
     slurm.write_job(tmp_path, steps=saved_at + 20)  # the next run reads it as it starts
-    assert "towers: srun exited 0" in second, second[-3000:]
+    assert "towers: srun exited 0" in second_script, second_script[-3000:]
     assert [r["stopped_by"] for r in slurm.results(second)] == ["signal", "signal"]
     assert saved_at > resumed_step(second)
 
     end = cluster.wait_end(job, timeout=240, restarts=2)
-    third = cluster.output(job)[sum(map(len, runs)):]
+    third = tasks_output(tmp_path, since=tasks[1])
+    third_script = cluster.output(job)[len(script[1]):]
     assert (end.state, end.exit_code) == ("COMPLETED", 0), third[-3000:]
-    assert resumed_step(third) == saved_at and "towers: srun exited 0" in third
+    assert resumed_step(third) == saved_at and "towers: srun exited 0" in third_script
     done = slurm.results(third)
     assert sorted((r["job"], r["task"]) for r in done) == [("worker", 0), ("worker", 1)]
     assert all("stopped_by" not in r for r in done), done
@@ -151,24 +169,18 @@ def test_the_ps_worker_example_saves_and_exits_0_on_scancel_each_task_with_its_g
     exits 0, and the job ends CANCELLED."""
     job = slurm.submit_example(cluster, tmp_path, "ps_worker.sbatch", "--nodes=1",
                                "--ntasks-per-node=3", "--gres=gpu:4", "--cpus-per-task=1",
-                               steps=100_000)
-    wait_for(cluster, job, r"step \d+/100000")
+                               steps=100_000, task_files=True)
+    wait_for(cluster, job, tmp_path, r"step \d+/100000")
     cluster.scancel(job)
     end = cluster.wait_end(job, timeout=120)
-    output = cluster.output(job)
+    output, tasks = cluster.output(job), tasks_output(tmp_path)
     assert end.state == "CANCELLED" and "towers: srun exited 0" in output, output[-3000:]
-    done = {(r["job"], r["task"]): r for r in slurm.results(output)}
-    assert set(done) == {("ps", 0), ("worker", 0), ("worker", 1)}, output[-3000:]
+    done = {(r["job"], r["task"]): r for r in slurm.task_results(tmp_path)}
+    assert set(done) == {("ps", 0), ("worker", 0), ("worker", 1)}, tasks[-3000:]
     assert {r.get("stopped_by") for r in done.values()} == {"signal"}
     assert latest_step(tmp_path / "ckpt") >= done[("worker", 0)]["global_step"] > 0
-    shares = sorted(re.findall(r'(\w+ \d): CUDA_VISIBLE_DEVICES="([\d,]*)"', output))
-    assert shares == [("ps 0", ""), ("worker 0", "0,1"), ("worker 1", "2,3")], output[-3000:]
-
-
-def resumed_run(cluster, job: int, runs: list[str]) -> str:
-    """The output of the job's next run, once it has resumed and taken a step."""
-    wait_for(cluster, job, r"step \d+/100000", after=sum(map(len, runs)), timeout=180)
-    return cluster.output(job)[sum(map(len, runs)):]
+    shares = sorted(re.findall(r'(\w+ \d): CUDA_VISIBLE_DEVICES="([\d,]*)"', tasks))
+    assert shares == [("ps 0", ""), ("worker 0", "0,1"), ("worker 1", "2,3")], tasks[-3000:]
 
 
 def resumed_step(output: str) -> int:
