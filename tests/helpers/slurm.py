@@ -410,6 +410,14 @@ def task_outputs(directory: Path) -> list[str]:
     return [f.read_text() for f in files]
 
 
+def written_since(outputs: Sequence[str], earlier: Sequence[str] = ()) -> str:
+    """What the tasks' `outputs` (task_outputs) hold past `earlier` (task_outputs read
+    before), task after task, each on lines of its own: srun appends to a task's file
+    across requeues, as --open-mode=append has the job's own file appended to."""
+    earlier = [*earlier, *[""] * (len(outputs) - len(earlier))]
+    return "\n".join(now[len(before):] for now, before in zip(outputs, earlier, strict=True))
+
+
 def task_results(directory: Path) -> list[dict]:
     """The results of a job submitted with task_files, by task rank."""
     return [result for output in task_outputs(directory) for result in results(output)]

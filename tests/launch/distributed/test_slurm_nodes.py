@@ -54,7 +54,7 @@ def test_a_ps_worker_job_across_two_nodes_trains_to_the_end(cluster, tmp_path):
                                steps=40, task_files=True)
     end = cluster.wait_end(job, timeout=240)
     output = cluster.output(job)
-    tasks = "".join(slurm.task_outputs(tmp_path))
+    tasks = slurm.written_since(slurm.task_outputs(tmp_path))
     assert (end.state, end.exit_code) == ("COMPLETED", 0), output[-3000:] + tasks[-3000:]
     assert "towers: srun exited 0" in output
     results = slurm.task_results(tmp_path)

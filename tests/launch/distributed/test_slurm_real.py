@@ -82,30 +82,25 @@ def test_gpus_every_task_sees_are_split_and_ps_tasks_get_none(cluster, tmp_path)
 # --- the sbatch examples, training --------------------------------------------------------
 
 def submit(cluster, tmp_path, example: str, tasks: int, steps: int, *towers_args: str) -> int:
-    """The example on this node, each task writing a file of its own (tasks_output): the
-    tasks stop at once, and in one shared file srun cut one task's result line with
+    """The example on this node, each task writing a file of its own (slurm.task_outputs):
+    the tasks stop at once, and in one shared file srun cut one task's result line with
     another's "stopped on signal" (docs/slurm.md)."""
     return slurm.submit_example(cluster, tmp_path, example, *ON_THIS_NODE,
                                 f"--ntasks-per-node={tasks}", steps=steps,
                                 towers_args=towers_args, task_files=True)
 
 
-def tasks_output(tmp_path, since: Sequence[str] = ()) -> str:
-    """What the job's tasks wrote, by rank, past `since` (the files as task_outputs read
-    them earlier): srun appends to them across requeues, as --open-mode=append has the
-    job's own file appended to."""
-    outputs = slurm.task_outputs(tmp_path)
-    earlier = [*since, *[""] * (len(outputs) - len(since))]
-    return "".join(now[len(before):] for now, before in zip(outputs, earlier, strict=True))
-
-
 def wait_for(cluster, job: int, tmp_path, pattern: str, since: Sequence[str] = (),
              timeout: float = 120) -> None:
-    """Until `pattern` appears in what the job's tasks wrote past `since`."""
+    """Until `pattern` appears in what the job's tasks wrote past `since` (task_outputs
+    read earlier)."""
     deadline = time.monotonic() + timeout
-    while not re.search(pattern, tasks_output(tmp_path, since)):
-        assert time.monotonic() < deadline, (pattern, tasks_output(tmp_path, since)[-3000:])
-        assert cluster.state(job) not in slurm.ENDED, tasks_output(tmp_path, since)[-3000:]
+    while True:
+        written = slurm.written_since(slurm.task_outputs(tmp_path), since)
+        if re.search(pattern, written):
+            return
+        assert time.monotonic() < deadline, (pattern, written[-3000:])
+        assert cluster.state(job) not in slurm.ENDED, written[-3000:]
         time.sleep(0.2)
 
 
@@ -135,16 +130,16 @@ def test_the_collective_example_requeued_on_138_and_near_its_time_limit_resumes_
     os.kill(towers_pid(cluster, job, 1), signal.SIGKILL)
     cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=60)
     tasks, script = [slurm.task_outputs(tmp_path)], [cluster.output(job)]  # at each run's end
-    first = tasks_output(tmp_path)
+    first = slurm.written_since(tasks[0])
     assert re.search(r"towers: error: .*worker 1", first), first[-3000:]  # names it
 
     wait_for(cluster, job, tmp_path, r"step \d+/100000", since=tasks[0], timeout=180)
     cluster.scancel(job, "--batch", "--signal=USR1")
     cluster.wait_state(job, {"PENDING", "REQUEUED"}, timeout=120)
-    second = tasks_output(tmp_path, since=tasks[0])
-    second_script = cluster.output(job)[len(script[0]):]
     tasks.append(slurm.task_outputs(tmp_path))
     script.append(cluster.output(job))
+    second = slurm.written_since(tasks[1], tasks[0])
+    second_script = script[1][len(script[0]):]
     saved_at = latest_step(tmp_path / "ckpt")
     slurm.write_job(tmp_path, steps=saved_at + 20)  # the next run reads it as it starts
     assert "towers: srun exited 0" in second_script, second_script[-3000:]
@@ -152,7 +147,7 @@ def test_the_collective_example_requeued_on_138_and_near_its_time_limit_resumes_
     assert saved_at > resumed_step(second)
 
     end = cluster.wait_end(job, timeout=240, restarts=2)
-    third = tasks_output(tmp_path, since=tasks[1])
+    third = slurm.written_since(slurm.task_outputs(tmp_path), tasks[1])
     third_script = cluster.output(job)[len(script[1]):]
     assert (end.state, end.exit_code) == ("COMPLETED", 0), third[-3000:]
     assert resumed_step(third) == saved_at and "towers: srun exited 0" in third_script
@@ -173,7 +168,7 @@ def test_the_ps_worker_example_saves_and_exits_0_on_scancel_each_task_with_its_g
     wait_for(cluster, job, tmp_path, r"step \d+/100000")
     cluster.scancel(job)
     end = cluster.wait_end(job, timeout=120)
-    output, tasks = cluster.output(job), tasks_output(tmp_path)
+    output, tasks = cluster.output(job), slurm.written_since(slurm.task_outputs(tmp_path))
     assert end.state == "CANCELLED" and "towers: srun exited 0" in output, output[-3000:]
     done = {(r["job"], r["task"]): r for r in slurm.task_results(tmp_path)}
     assert set(done) == {("ps", 0), ("worker", 0), ("worker", 1)}, tasks[-3000:]
