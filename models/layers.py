@@ -198,7 +198,7 @@ def _normalized(x: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor, gamma: tf.Te
     if x.dtype == tf.float64:
         return tf.nn.batch_normalization(x, mean, variance, beta, gamma, epsilon)
 
-    @tf.custom_gradient
+    @towers.custom_gradient
     def normalized(x, mean, variance, gamma, beta):
         y, _, _, _, _, reserve = tf.raw_ops.FusedBatchNormV3(
             x=x, scale=gamma, offset=beta, mean=mean, variance=variance, epsilon=epsilon,

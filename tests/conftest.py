@@ -93,11 +93,11 @@ def pytest_collection_finish(session):
 def pytest_runtest_protocol(item, nextitem):
     """After a file's last test, its module fixtures torn down, what survives a full
     collection is frozen as well, so that later full collections do not walk it again.
-    Some graphs outlive their tests: in graph mode, tf.custom_gradient registers each
-    gradient function in TensorFlow's global gradient registry, where it holds its graph
-    for good (the towers' synchronized moments and models/layers.py's batch norm use
-    one). The towers tests in one process spent 24 s of 152 s in 59 full collections
-    without this, 3.7 s of 139 s with it (BENCHMARKS.md, "The test suite")."""
+    Graphs outlived their tests while the towers' synchronized moments and batch norm
+    used tf.custom_gradient (TensorFlow's registry holds each gradient function, and so
+    its graph, for good; towers.custom_gradient keeps them with their graph instead).
+    The towers tests in one process spent 24 s of 152 s in 59 full collections without
+    this, 3.7 s of 139 s with it (BENCHMARKS.md, "The test suite")."""
     yield
     if nextitem is None or _file_of(nextitem.nodeid) != _file_of(item.nodeid):
         gc.collect()

@@ -11,6 +11,7 @@ from towers.batch_stats import BATCH_NORMS, CrossTowerSums
 from towers.batch_stats import moments as batch_moments
 from towers.collectives import CollectiveGroup, broadcast_variables, weighted_all_reduce
 from towers.context import Features, ModelFn, TowerContext, TowerOutputs, as_tower_outputs
+from towers.custom_gradient import custom_gradient
 from towers.example_random import example_seed, example_uniform
 from towers.gradients import ALL_REDUCE, all_reduce_method
 from towers.loss_scale import DynamicLossScale
@@ -71,6 +72,7 @@ __all__ = [
     "broadcast_variables",
     "build_eval_ops",
     "build_train_op",
+    "custom_gradient",
     "device_type",
     "example_seed",
     "example_uniform",

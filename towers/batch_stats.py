@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from towers.custom_gradient import custom_gradient
+
 BATCH_NORMS = ("local", "sync")
 
 Sum = Callable[[tf.Tensor], tf.Tensor]
@@ -152,7 +154,7 @@ class TowerSums:
     def __call__(self, value: tf.Tensor) -> tf.Tensor:
         forward, backward, name = self._sums._next_keys(self._index)
 
-        @tf.custom_gradient
+        @custom_gradient
         def summed(x: tf.Tensor) -> tuple[tf.Tensor, Callable]:
             def grad(dy: tf.Tensor) -> tf.Tensor:
                 return self._sums._sum(dy, backward, f"{name}_grad", self._index)
@@ -200,7 +202,7 @@ def _merged_moments(x: tf.Tensor, combine: Callable[..., Moments],
     mean [c], M2 [c]) of this part gives every part's; sum_: a [2c] tensor summed over
     the parts (the backward pass)."""
 
-    @tf.custom_gradient
+    @custom_gradient
     def merged(x: tf.Tensor) -> tuple[tuple[tf.Tensor, ...], Callable]:
         total, mean, m2 = combine(*_own_moments(x))
         variance = m2 / total

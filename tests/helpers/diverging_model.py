@@ -33,7 +33,7 @@ def build(*, input_dim: int, hidden_units: list[int], num_classes: int) -> tower
 def _nan_gradient_if(flag: tf.Tensor, loss: tf.Tensor) -> tf.Tensor:
     """loss unchanged; its gradient NaN where flag is true."""
 
-    @tf.custom_gradient
+    @towers.custom_gradient
     def identity(x):
         def gradient(upstream):
             return upstream * tf.where(flag, float("nan"), 1.0)
