@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from launch.kernels.found import FORWARD, GRADIENT, Kernel, kernels_of
-from launch.kernels.probe import PROBE_SECONDS, Probe, cache_file, precision_note, probe
+from launch.kernels.probe import (
+    PROBE_SECONDS,
+    Probe,
+    cache_file,
+    cached,
+    precision_note,
+    probe,
+)
 from launch.kernels.timing import KernelTimer, Timings, float32_seconds, speedup
 
 __all__ = [
@@ -30,6 +37,7 @@ __all__ = [
     "Probe",
     "Timings",
     "cache_file",
+    "cached_speedup",
     "float32_seconds",
     "kernels_of",
     "ops_run_by",
@@ -77,3 +85,18 @@ def startup_note(train_op, precision: str, devices: Sequence[str], tower_batch: 
         note += (f"; this CPU has none of {', '.join(NATIVE_FLAGS[number_type])}, so "
                  f"TensorFlow emulates {number_type}")
     return note
+
+
+def cached_speedup(train_op, number_type: str, devices: Sequence[str], tower_batch: int,
+                   cache_dir: str | None = None) -> float | None:
+    """The speed-up in `number_type` ('bfloat16', 'float16') of the kernels a float32
+    job's `train_op` runs, as this machine's cache holds it from an earlier 16-bit
+    job's start-up probe, timing nothing: None where none of them was timed, or where
+    a tower is on a GPU (the probe times CPU kernels)."""
+    from towers import device_type  # imports TensorFlow
+
+    if not all(device_type(d) == "CPU" for d in devices):
+        return None
+    counts = kernels_of(ops_run_by(train_op), tower_batch)
+    return cached(counts, number_type, cache_dir).overall if counts else None
+

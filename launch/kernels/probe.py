@@ -66,6 +66,21 @@ def probe(counts: Mapping[Kernel, int], number_type: str,
             for key, measured in _time(missing, wanted, seconds).items():
                 timings.setdefault(key, {}).update(measured)
             path = cache.write_json(path, timings)
+    return _found(counts, timings, number_type, path)
+
+
+def cached(counts: Mapping[Kernel, int], number_type: str,
+           cache_dir: str | None = None) -> Probe:
+    """What this machine's cache already holds for the kernels of `counts` in
+    `number_type` against float32, timing nothing (overall None: none of them timed).
+    No lock: a write replaces the file whole, and a read makes nothing."""
+    path = cache_file(cache_dir)
+    return _found(counts, cache.read_json(path), number_type, path)
+
+
+def _found(counts: Mapping[Kernel, int], timings: Timings, number_type: str,
+           path: str | None) -> Probe:
+    wanted = ("float32", number_type)
     return Probe(number_type, speedup(counts, timings, number_type),
                  speedup(counts, timings, number_type, FORWARD),
                  speedup(counts, timings, number_type, GRADIENT),

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launch.config import AUTO, JobConfig
+from launch.kernels.probe import SLOWER
 
 # A waiting phase at least this share of the step is the bottleneck, ahead of compute.
 WAIT_BOUND = 0.25
@@ -29,19 +30,35 @@ def bottleneck(shares: Mapping[str, float]) -> str:
 
 # Where bfloat16 may pay off, when the towers' devices are not known.
 ANY_BFLOAT16_UNITS = "GPUs, CPUs with avx512_bf16 or AMX"
+# Why not, when the devices' flags are all that is known.
+NO_BFLOAT16_UNITS = ("these devices have no bfloat16 instructions (avx512_bf16, amx_bf16): "
+                     "TensorFlow would emulate mixed_bfloat16, slower than float32")
 
 
 @dataclass(frozen=True)
 class Setup:
     """What the advice must know of the job beyond its file: whether its processes
-    keep the variables on ps tasks, whether there are several, and where the towers'
-    devices compute bfloat16 in hardware (launch.devices.bfloat16_units: 'GPUs', 'this
-    CPU has amx_bf16', ...; None: nowhere, TensorFlow would emulate it, slower than
-    float32, so the advice leaves it out)."""
+    keep the variables on ps tasks, whether there are several, and whether bfloat16
+    would pay off (bfloat16_setup): where (bfloat16: 'GPUs', 'this CPU has amx_bf16',
+    a measurement), or why not (bfloat16 None, and no_bfloat16 says why)."""
 
     ps_tasks: bool = False
     processes: int = 1
     bfloat16: str | None = ANY_BFLOAT16_UNITS
+    no_bfloat16: str = NO_BFLOAT16_UNITS
+
+
+def bfloat16_setup(units: str | None, measured: float | None) -> tuple[str | None, str]:
+    """Setup's (bfloat16, no_bfloat16) from the devices' bfloat16 units
+    (launch.devices.bfloat16_units) and the model's kernels' speed-up in bfloat16 this
+    machine measured (launch.kernels.cached_speedup; None: never timed). A measurement
+    decides over CPU flags, which are no proof: on a Xeon with avx512_fp16 a float16
+    convolution's gradient ran at 0.005x float32."""
+    if measured is None:
+        return units, NO_BFLOAT16_UNITS
+    ran = (f"this machine ran the model's convolutions and matrix products at "
+           f"{measured:.2g}x their float32 speed in bfloat16, timed at an earlier start-up")
+    return (ran, NO_BFLOAT16_UNITS) if measured >= SLOWER else (None, ran)
 
 
 def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
@@ -73,8 +90,7 @@ def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
     if not tries:
         left = _NOTHING_LEFT[phase]
         if phase == "compute" and job.towers.precision == "float32":
-            left = (f"XLA is in use, and {_NO_BFLOAT16} (TensorFlow would emulate "
-                    "mixed_bfloat16, slower than float32): the towers' own work is the "
+            left = (f"XLA is in use, and {setup.no_bfloat16}: the towers' own work is the "
                     "floor; more or faster devices, or a smaller model, make it shorter")
         return f"{what}: {left}"
     return f"{what}: try {_either(tries)}"
@@ -90,9 +106,6 @@ _NOTHING_LEFT = {
     "compute": "16-bit compute and XLA are in use already: the towers' own work is the floor; "
                "more or faster devices, or a smaller model, make it shorter",
 }
-
-
-_NO_BFLOAT16 = "these devices have no bfloat16 instructions (avx512_bf16, amx_bf16)"
 
 
 def _either(tries: list[str]) -> str:

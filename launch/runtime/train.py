@@ -15,7 +15,7 @@ from launch.errors import StopTimedOut
 from launch.hard_exit import exit_now
 from launch.log import log
 from launch.runtime import checkpoint_lock, checkpoints
-from launch.runtime.advice import Setup, advice, bottleneck
+from launch.runtime.advice import Setup, advice, bfloat16_setup, bottleneck
 from launch.runtime.data_state import DataPositionHook
 from launch.runtime.hooks import (
     DataEndHook,
@@ -131,7 +131,7 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
     if loop.others_parts is not None:  # before the result: a job not done reports no end
         loop.others_parts.check_trained()
     result = _result(job, role, loop, stop)
-    setup = Setup(plan.variables_on_ps, plan.share.count, bfloat16_units(plan.devices))
+    setup = _advice_setup(job, plan, built.ops.train_op)
     _report_phases(loop.phases, result, write, lambda shares: advice(
         shares, job, setup, role.stragglers(), loop.phases.step_secs()))
     if result.get("stopped_by") == "end of data" and result["steps_run"]:
@@ -145,9 +145,24 @@ def _train(job: JobConfig, plan: Plan, role: Role, exporter: metrics.Exporter | 
 def _precision_note(job: JobConfig, plan: Plan, train_op) -> str | None:
     """The start-up warning of a 16-bit job whose kernels this machine runs slower than
     float32, measured (launch.kernels: timed once per machine)."""
-    micro_batch = plan.process_batch_size // job.train.accumulate_steps
-    tower_batch = -(-micro_batch // len(plan.devices))
-    return kernels.startup_note(train_op, job.towers.precision, plan.devices, tower_batch)
+    return kernels.startup_note(train_op, job.towers.precision, plan.devices,
+                                _examples_per_tower(job.train, plan))
+
+
+def _advice_setup(job: JobConfig, plan: Plan, train_op) -> Setup:
+    """What the closing advice knows beyond the job file. Whether bfloat16 would pay off
+    is what this machine measured for the model's kernels, if an earlier start-up timed
+    them, else what the devices' flags say."""
+    measured = None
+    if job.towers.precision == "float32":
+        measured = kernels.cached_speedup(train_op, "bfloat16", plan.devices,
+                                          _examples_per_tower(job.train, plan))
+    bfloat16, why_not = bfloat16_setup(bfloat16_units(plan.devices), measured)
+    return Setup(plan.variables_on_ps, plan.share.count, bfloat16, why_not)
+
+
+def _examples_per_tower(cfg: TrainConfig, plan: Plan) -> int:
+    return tower_batch(plan.process_batch_size, len(plan.devices), cfg.accumulate_steps)
 
 
 def _skip_counter(exporter: metrics.Exporter | None) -> Callable[[int], None] | None:
@@ -326,7 +341,7 @@ def _batch_text(cfg: TrainConfig, plan: Plan) -> str:
     """'at 50000000 examples per tower (this process's 100000000 of train.batch_size
     100000000, over 2 towers)': what the devices compute on at once."""
     micro = cfg.accumulate_steps
-    per_tower = tower_batch(plan.process_batch_size, len(plan.devices), micro)
+    per_tower = _examples_per_tower(cfg, plan)
     mine = "" if plan.share.count == 1 else f"this process's {plan.process_batch_size} of "
     parts = f", in {micro} micro-batches" if micro > 1 else ""
     return (f"at {per_tower} examples per tower ({mine}train.batch_size {cfg.batch_size} "

@@ -155,3 +155,31 @@ def test_a_16_bit_type_measured_slower_is_noted_right_after_the_start_up_line(
         "at 0.01x their float32 speed (forward 0.01x, gradients 0.01x; timed alone at "
         "start-up), so steps will likely be slower than in float32"), lines
     assert sum("their float32 speed" in line for line in lines) == 1
+
+
+def test_the_closing_advice_offers_bfloat16_as_this_machine_measured_it(tmp_path, monkeypatch):
+    # A float32 job's advice reads what an earlier bfloat16 job's probe timed for the
+    # same kernels, whatever this CPU's flags say: the cache is made to say bfloat16
+    # runs them 100 times slower, then 4 times faster. A wide mlp on batches of 256 on
+    # one tower: steps of several milliseconds of matrix products, compute-bound.
+    monkeypatch.setenv("TOWERS_CACHE_DIR", str(tmp_path / "cache"))
+    wide = {"model": {"input_dim": 256, "hidden_units": [1024, 1024]},
+            "data": {"num_examples": 1024}}
+    run(tmp_path / "probed", 1, towers={"devices": 1, "precision": "mixed_bfloat16"},
+        train={"batch_size": 256}, **wide)
+    timings = json.loads(open(kernels.cache_file()).read())
+    assert timings and all(set(t) == {"float32", "bfloat16"} for t in timings.values())
+    for factor, offered in ((100.0, False), (0.25, True)):
+        with open(kernels.cache_file(), "w") as f:
+            json.dump({key: {"float32": t["float32"], "bfloat16": factor * t["float32"]}
+                       for key, t in timings.items()}, f)
+        lines = []
+        run(tmp_path / f"float32-{factor}", 20, lines, towers={"devices": 1},
+            train={"batch_size": 256, "phase_sample_secs": 0}, **wide)
+        (said,) = [line for line in lines if line.startswith("advice: ")]
+        assert said.startswith("advice: compute-bound"), lines
+        assert ("mixed_bfloat16" in said) is offered, said
+        if offered:
+            assert ("try towers.precision: mixed_bfloat16 (this machine ran the model's "
+                    "convolutions and matrix products at 4x their float32 speed in "
+                    "bfloat16, timed at an earlier start-up)") in said, said

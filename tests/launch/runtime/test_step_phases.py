@@ -14,7 +14,7 @@ import towers
 from launch import metrics
 from launch.config import from_dict
 from launch.devices import bfloat16_units
-from launch.runtime.advice import Setup, advice, bottleneck
+from launch.runtime.advice import Setup, advice, bfloat16_setup, bottleneck
 from launch.runtime.step_phases import StepPhaseHook, StepPhases, split_step
 from launch.runtime.train import train
 
@@ -144,6 +144,21 @@ def test_bfloat16_is_advised_only_where_the_devices_compute_it(flags, devices, n
     done = advice(compute, from_dict({"towers": {"xla": True}}), Setup(bfloat16=units))
     assert ("try" in done) is (named is not None), done
     assert "16-bit compute and XLA are in use" not in done, done
+
+
+@pytest.mark.parametrize("units", [None, "this CPU has amx_bf16"])
+def test_a_measured_bfloat16_speed_decides_over_the_cpu_flags(units):
+    compute = {"input": 0.0, "compute": 0.95, "exchange": 0.03, "apply": 0.02}
+    for measured, offered in ((0.38, False), (1.6, True)):
+        bfloat16, why_not = bfloat16_setup(units, measured)
+        line = advice(compute, from_dict({}), Setup(bfloat16=bfloat16, no_bfloat16=why_not))
+        assert ("mixed_bfloat16" in line) is offered, line
+        done = advice(compute, from_dict({"towers": {"xla": True}}),
+                      Setup(bfloat16=bfloat16, no_bfloat16=why_not))
+        ran = f"ran the model's convolutions and matrix products at {measured:.2g}x their"
+        assert ran in (line if offered else done), (line, done)
+        assert ("try" in done) is offered, done
+    assert bfloat16_setup(units, None)[0] == units  # never measured: the flags
 
 
 @pytest.mark.parametrize("step_secs, short", [(0.0016, True), (0.05, False), (None, False)])
