@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 from tensorflow.core.protobuf.rewriter_config_pb2 import RewriterConfig
 
+from launch import cpu_info
 from launch.config import SessionConfig, TowersConfig
 from launch.errors import BadInput
 from towers import device_type
@@ -214,18 +215,6 @@ def on_cpus(devices: list[str]) -> bool:
     return all(device_type(d) == "CPU" for d in devices)
 
 
-def cpu_flags() -> set[str]:
-    """This CPU's flags, from /proc/cpuinfo (none where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def bfloat16_units(devices: Collection[str], flags: Collection[str] | None = None
                    ) -> str | None:
     """Where towers on `devices` compute bfloat16 in hardware, as the advice words it:
@@ -243,5 +232,5 @@ def native_flags(number_type: str, flags: Collection[str] | None = None) -> list
     """The flags among `flags` (default: this CPU's) that run the 16-bit `number_type`
     (a key of NATIVE_FLAGS) in hardware; none means TensorFlow emulates it on this CPU,
     converting to float32 and back."""
-    have = cpu_flags() if flags is None else flags
+    have = cpu_info.flags() if flags is None else flags
     return [flag for flag in NATIVE_FLAGS[number_type] if flag in have]

@@ -10,6 +10,7 @@ import os
 import platform
 import sys
 
+from launch import cpu_info
 from launch.bench.ceiling import fraction_of_ceiling
 from launch.bench.settings import MODES, SINGLE, Row, Settings
 
@@ -54,13 +55,7 @@ def machine() -> str:
 
     from launch.tf_process import cpu_kernels
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as info:
-            cpu = next(line.split(":", 1)[1].strip() for line in info
-                       if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_info.value("model name") or platform.processor() or platform.machine()
     memory = psutil.virtual_memory().total / 2**30
     return f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, {cpu_kernels()}"
 

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import time
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from launch import cache
+from launch import cache, cpu_info
 from launch.kernels.found import FORWARD, GRADIENT, Kernel
 from launch.kernels.timing import KernelTimer, Timings, speedup
 
@@ -115,18 +114,8 @@ def cache_file(cache_dir: str | None = None) -> str:
     from launch.tf_process import cpu_kernels
 
     base = cache.cache_dir(cache_dir)
-    machine = hashlib.sha256((_cpu_identity() + cpu_kernels()).encode()).hexdigest()[:16]
+    machine = hashlib.sha256((cpu_info.identity() + cpu_kernels()).encode()).hexdigest()[:16]
     return os.path.join(base, f"kernels-tf{tf.__version__}-{machine}.json")
-
-
-def _cpu_identity() -> str:
-    """The CPU's model name and flags (what decides which kernels it runs fast)."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            lines = [line for line in info if line.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def precision_note(precision: str, found: Probe) -> str | None:

@@ -29,6 +29,8 @@ from soak.jobs import ARRANGEMENTS
 from soak.schedule import Schedule, draw
 from soak.supervisor import Supervisor
 
+from launch import cpu_info
+
 
 def _reference(out: str, arrangement: str, ends_with_data: bool, rows: str,
                network) -> tuple[list[dict], float]:
@@ -148,9 +150,7 @@ def _report(out: str, schedule: Schedule, record, violations: list[str], workdir
 
 
 def _cpu() -> str:
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f
-                     if line.startswith("model name")), "unknown")
+    return cpu_info.value("model name") or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
