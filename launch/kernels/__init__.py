@@ -93,10 +93,9 @@ def cached_speedup(train_op, number_type: str, devices: Sequence[str], tower_bat
     job's `train_op` runs, as this machine's cache holds it from an earlier 16-bit
     job's start-up probe, timing nothing: None where none of them was timed, or where
     a tower is on a GPU (the probe times CPU kernels)."""
-    from towers import device_type  # imports TensorFlow
+    from launch.devices import on_cpus  # imports TensorFlow
 
-    if not all(device_type(d) == "CPU" for d in devices):
+    if not on_cpus(list(devices)):
         return None
     counts = kernels_of(ops_run_by(train_op), tower_batch)
     return cached(counts, number_type, cache_dir).overall if counts else None
-
