@@ -18,7 +18,7 @@ PACKAGES = ("towers", "models", "launch")
 
 LAUNCH_LAYERS = [
     ("launch.errors", "launch.log", "launch.hard_exit", "launch.tf_process", "launch.startup",
-     "launch.cache"),
+     "launch.cache", "launch.cpu_info"),
     ("launch.config",),
     ("launch.devices",),
     ("launch.data", "launch.metrics", "launch.modelref", "launch.kernels"),
