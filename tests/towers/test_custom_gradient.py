@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
 import towers
+from models import layers
+from models.base import classifier_outputs
 
 
 @towers.custom_gradient
@@ -82,16 +83,21 @@ def test_a_graph_imported_from_its_graph_def_says_where_the_gradient_went(graph)
             tf.compat.v1.gradients(y, x)
 
 
+def _batch_norm_classifier(features, labels, ctx):
+    """A batch norm (its moments synchronized under batch_norm="sync") and a logit."""
+    normalized = layers.batch_norm(features, ctx.is_training, across=ctx.batch_sum)
+    return classifier_outputs(layers.dense(normalized, 2, scope="logits"), labels)
+
+
 def _sync_batch_norm_step() -> weakref.ref:
-    """A weak reference to a graph holding resnet20's step on two towers with
-    synchronized batch norm (custom gradients in every batch norm), gradients taken."""
+    """A weak reference to a graph holding a step on two towers with synchronized batch
+    norm (custom gradients for its moments and its normalization), gradients taken."""
     graph = tf.Graph()
     with graph.as_default():
         towers.build_train_op(
-            models.build("resnet20", {"image_size": 8, "base_filters": 4}).model_fn,
-            tf.zeros([4, 8, 8, 3]),
-            tf.zeros([4], tf.int32), tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            ["/cpu:0", "/cpu:1"], batch_norm="sync")
+            _batch_norm_classifier, tf.zeros([4, 3]), tf.zeros([4], tf.int32),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), ["/cpu:0", "/cpu:1"],
+            batch_norm="sync")
     return weakref.ref(graph)
 
 
