@@ -33,6 +33,10 @@ _EXCHANGE_SCOPES = re.compile(
 _TOWER = re.compile(r"^tower_\d+$")
 # Optimizer-side plumbing TensorFlow adds outside any scope ("ConstantFolding/tower_0/..").
 _GRAPPLER_PREFIXES = ("ConstantFolding/", "ArithmeticOptimizer/", "LayoutOptimizer/")
+# XLA's compiled clusters, as a step runs them ("cluster_3_1/xla_run", their compile,
+# merge and switch ops): names of TensorFlow's, not of any scope. Only towers' own
+# XLA scope (builder.py, xla=True) makes them, around each tower's forward and backward.
+_XLA_CLUSTER = re.compile(r"^cluster_\d+(_\d+)?$")
 # Variable reads outside the towers: the towers' pull of the variables (from a ps task
 # or the parameter device).
 _READ_TYPES = {"Identity", "ReadVariableOp", "VarHandleOp", "VariableV2"}
@@ -57,6 +61,8 @@ def step_phase(node_name: str, op_type: str = "") -> str:
         return "input"
     if _TOWER.match(first) or first.startswith("micro_batch_"):
         return "exchange" if any(_EXCHANGE_SCOPES.match(p) for p in parts[1:]) else "compute"
+    if _XLA_CLUSTER.match(first):
+        return "compute"
     if _EXCHANGE_SCOPES.match(first):
         return "exchange"
     if op_type in _READ_TYPES and len(parts) > 1:
