@@ -31,21 +31,27 @@ def bottleneck(shares: Mapping[str, float]) -> str:
 # Where bfloat16 may pay off, when the towers' devices are not known.
 ANY_BFLOAT16_UNITS = "GPUs, CPUs with avx512_bf16 or AMX"
 # Why not, when the devices' flags are all that is known.
-NO_BFLOAT16_UNITS = ("these devices have no bfloat16 instructions (avx512_bf16, amx_bf16): "
-                     "TensorFlow would emulate mixed_bfloat16, slower than float32")
+NO_BFLOAT16_UNITS = ("these devices have no bfloat16 instructions (avx512_bf16, amx_bf16), "
+                     "so TensorFlow would emulate mixed_bfloat16, slower than float32")
+# Why XLA is not proposed for towers on CPUs: its CPU code ran every built-in job measured
+# slower than TensorFlow's own kernels, 0.38x to 0.76x (BENCHMARKS.md).
+NO_XLA_ON_CPUS = ("XLA is left out on CPU towers (it ran the built-in jobs at 0.38x to "
+                  "0.76x their speed there)")
 
 
 @dataclass(frozen=True)
 class Setup:
     """What the advice must know of the job beyond its file: whether its processes
-    keep the variables on ps tasks, whether there are several, and whether bfloat16
-    would pay off (bfloat16_setup): where (bfloat16: 'GPUs', 'this CPU has amx_bf16',
-    a measurement), or why not (bfloat16 None, and no_bfloat16 says why)."""
+    keep the variables on ps tasks, whether there are several, whether bfloat16 would
+    pay off (bfloat16_setup): where (bfloat16: 'GPUs', 'this CPU has amx_bf16', a
+    measurement), or why not (bfloat16 None, and no_bfloat16 says why), and whether XLA
+    may (False: every tower is on a CPU, NO_XLA_ON_CPUS)."""
 
     ps_tasks: bool = False
     processes: int = 1
     bfloat16: str | None = ANY_BFLOAT16_UNITS
     no_bfloat16: str = NO_BFLOAT16_UNITS
+    xla: bool = True
 
 
 def bfloat16_setup(units: str | None, measured: float | None) -> tuple[str | None, str]:
@@ -88,10 +94,7 @@ def advice(shares: Mapping[str, float], job: JobConfig, setup: Setup = Setup(),
     tries = {"input": _input, "exchange": _exchange, "apply": _apply,
              "compute": _compute}[phase](job, setup)
     if not tries:
-        left = _NOTHING_LEFT[phase]
-        if phase == "compute" and job.towers.precision == "float32":
-            left = (f"XLA is in use, and {setup.no_bfloat16}: the towers' own work is the "
-                    "floor; more or faster devices, or a smaller model, make it shorter")
+        left = _compute_left(job, setup) if phase == "compute" else _NOTHING_LEFT[phase]
         return f"{what}: {left}"
     return f"{what}: try {_either(tries)}"
 
@@ -103,9 +106,19 @@ _NOTHING_LEFT = {
                 "faster network, are what is left",
     "apply": "the variables are spread and the optimizer is the cheapest: fewer or smaller "
              "variables are what is left",
-    "compute": "16-bit compute and XLA are in use already: the towers' own work is the floor; "
-               "more or faster devices, or a smaller model, make it shorter",
 }
+_COMPUTE_FLOOR = ("the towers' own work is the floor; more or faster devices, or a smaller "
+                  "model, make it shorter")
+
+
+def _compute_left(job: JobConfig, setup: Setup) -> str:
+    """Why neither 16-bit compute nor XLA is proposed to a compute-bound job."""
+    sixteen_bits = job.towers.precision != "float32"
+    if sixteen_bits and job.towers.xla:
+        return f"16-bit compute and XLA are in use already: {_COMPUTE_FLOOR}"
+    xla = "XLA is in use" if job.towers.xla else NO_XLA_ON_CPUS
+    precision = "16-bit compute is in use" if sixteen_bits else setup.no_bfloat16
+    return f"{xla}, and {precision}: {_COMPUTE_FLOOR}"
 
 
 def _either(tries: list[str]) -> str:
@@ -155,6 +168,6 @@ def _compute(job: JobConfig, setup: Setup) -> list[str]:
     tries = []
     if job.towers.precision == "float32" and setup.bfloat16:
         tries.append(f"towers.precision: mixed_bfloat16 ({setup.bfloat16})")
-    if not job.towers.xla:
+    if not job.towers.xla and setup.xla:
         tries.append("towers.xla: true")
     return tries

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from launch import data, kernels, metrics, startup
 from launch.config import JobConfig, TrainConfig
-from launch.devices import bfloat16_units
+from launch.devices import bfloat16_units, on_cpus
 from launch.errors import StopTimedOut
 from launch.hard_exit import exit_now
 from launch.log import log
@@ -152,13 +152,14 @@ def _precision_note(job: JobConfig, plan: Plan, train_op) -> str | None:
 def _advice_setup(job: JobConfig, plan: Plan, train_op) -> Setup:
     """What the closing advice knows beyond the job file. Whether bfloat16 would pay off
     is what this machine measured for the model's kernels, if an earlier start-up timed
-    them, else what the devices' flags say."""
+    them, else what the devices' flags say; XLA is for towers on GPUs."""
     measured = None
     if job.towers.precision == "float32":
         measured = kernels.cached_speedup(train_op, "bfloat16", plan.devices,
                                           _examples_per_tower(job.train, plan))
     bfloat16, why_not = bfloat16_setup(bfloat16_units(plan.devices), measured)
-    return Setup(plan.variables_on_ps, plan.share.count, bfloat16, why_not)
+    return Setup(plan.variables_on_ps, plan.share.count, bfloat16, why_not,
+                 xla=not on_cpus(plan.devices))
 
 
 def _examples_per_tower(cfg: TrainConfig, plan: Plan) -> int:

@@ -161,7 +161,8 @@ def test_the_closing_advice_offers_bfloat16_as_this_machine_measured_it(tmp_path
     # A float32 job's advice reads what an earlier bfloat16 job's probe timed for the
     # same kernels, whatever this CPU's flags say: the cache is made to say bfloat16
     # runs them 100 times slower, then 4 times faster. A wide mlp on batches of 256 on
-    # one tower: steps of several milliseconds of matrix products, compute-bound.
+    # one tower: steps of several milliseconds of matrix products, compute-bound. XLA,
+    # for towers on GPUs, is proposed in neither.
     monkeypatch.setenv("TOWERS_CACHE_DIR", str(tmp_path / "cache"))
     wide = {"model": {"input_dim": 256, "hidden_units": [1024, 1024]},
             "data": {"num_examples": 1024}}
@@ -179,6 +180,7 @@ def test_the_closing_advice_offers_bfloat16_as_this_machine_measured_it(tmp_path
         (said,) = [line for line in lines if line.startswith("advice: ")]
         assert said.startswith("advice: compute-bound"), lines
         assert ("mixed_bfloat16" in said) is offered, said
+        assert "towers.xla" not in said, said  # towers on CPUs: XLA is not proposed
         if offered:
             assert ("try towers.precision: mixed_bfloat16 (this machine ran the model's "
                     "convolutions and matrix products at 4x their float32 speed in "

@@ -146,6 +146,23 @@ def test_bfloat16_is_advised_only_where_the_devices_compute_it(flags, devices, n
     assert "16-bit compute and XLA are in use" not in done, done
 
 
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_xla_is_not_proposed_for_towers_on_cpus(precision):
+    """XLA's CPU code ran every built-in job measured at 0.38x to 0.76x (BENCHMARKS.md)."""
+    compute = {"input": 0.0, "compute": 0.95, "exchange": 0.03, "apply": 0.02}
+    job = from_dict({"towers": {"precision": precision}})
+    on_gpus = advice(compute, job, Setup(bfloat16=None))
+    assert "towers.xla: true" in on_gpus, on_gpus
+    on_cpus = advice(compute, job, Setup(bfloat16=None, xla=False))
+    assert "towers.xla" not in on_cpus and "try" not in on_cpus, on_cpus
+    assert "XLA is left out on CPU towers (it ran the built-in jobs at 0.38x" in on_cpus
+    held_back = "16-bit compute is in use" if precision != "float32" else "no bfloat16"
+    assert held_back in on_cpus, on_cpus
+    offered = advice(compute, from_dict({}), Setup(xla=False))
+    assert offered.endswith("try towers.precision: mixed_bfloat16 (GPUs, CPUs with "
+                            "avx512_bf16 or AMX)"), offered
+
+
 @pytest.mark.parametrize("units", [None, "this CPU has amx_bf16"])
 def test_a_measured_bfloat16_speed_decides_over_the_cpu_flags(units):
     compute = {"input": 0.0, "compute": 0.95, "exchange": 0.03, "apply": 0.02}
