@@ -45,13 +45,13 @@ class Setup:
     keep the variables on ps tasks, whether there are several, whether bfloat16 would
     pay off (bfloat16_setup): where (bfloat16: 'GPUs', 'this CPU has amx_bf16', a
     measurement), or why not (bfloat16 None, and no_bfloat16 says why), and whether XLA
-    may (False: every tower is on a CPU, NO_XLA_ON_CPUS)."""
+    may (xla_may_pay False: every tower is on a CPU, NO_XLA_ON_CPUS)."""
 
     ps_tasks: bool = False
     processes: int = 1
     bfloat16: str | None = ANY_BFLOAT16_UNITS
     no_bfloat16: str = NO_BFLOAT16_UNITS
-    xla: bool = True
+    xla_may_pay: bool = True
 
 
 def bfloat16_setup(units: str | None, measured: float | None) -> tuple[str | None, str]:
@@ -168,6 +168,6 @@ def _compute(job: JobConfig, setup: Setup) -> list[str]:
     tries = []
     if job.towers.precision == "float32" and setup.bfloat16:
         tries.append(f"towers.precision: mixed_bfloat16 ({setup.bfloat16})")
-    if not job.towers.xla and setup.xla:
+    if not job.towers.xla and setup.xla_may_pay:
         tries.append("towers.xla: true")
     return tries

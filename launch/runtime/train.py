@@ -159,7 +159,7 @@ def _advice_setup(job: JobConfig, plan: Plan, train_op) -> Setup:
                                           _examples_per_tower(job.train, plan))
     bfloat16, why_not = bfloat16_setup(bfloat16_units(plan.devices), measured)
     return Setup(plan.variables_on_ps, plan.share.count, bfloat16, why_not,
-                 xla=not on_cpus(plan.devices))
+                 xla_may_pay=not on_cpus(plan.devices))
 
 
 def _examples_per_tower(cfg: TrainConfig, plan: Plan) -> int:

@@ -153,12 +153,12 @@ def test_xla_is_not_proposed_for_towers_on_cpus(precision):
     job = from_dict({"towers": {"precision": precision}})
     on_gpus = advice(compute, job, Setup(bfloat16=None))
     assert "towers.xla: true" in on_gpus, on_gpus
-    on_cpus = advice(compute, job, Setup(bfloat16=None, xla=False))
+    on_cpus = advice(compute, job, Setup(bfloat16=None, xla_may_pay=False))
     assert "towers.xla" not in on_cpus and "try" not in on_cpus, on_cpus
     assert "XLA is left out on CPU towers (it ran the built-in jobs at 0.38x" in on_cpus
     held_back = "16-bit compute is in use" if precision != "float32" else "no bfloat16"
     assert held_back in on_cpus, on_cpus
-    offered = advice(compute, from_dict({}), Setup(xla=False))
+    offered = advice(compute, from_dict({}), Setup(xla_may_pay=False))
     assert offered.endswith("try towers.precision: mixed_bfloat16 (GPUs, CPUs with "
                             "avx512_bf16 or AMX)"), offered
 
