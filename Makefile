@@ -19,7 +19,7 @@ PYTEST_ALL = -n $(shell expr $$(nproc) + 1) $(PYTEST_DIST)
 
 # The project's own modules compiled to bytecode once, before the tests: where
 # PYTHONDONTWRITEBYTECODE is set (as on these machines) no process writes it, and each
-# of the hundreds the tests start compiled launch/'s modules from source again
+# towers command the tests start (166 a run) compiled launch/'s modules from source again
 # (`towers validate` of examples/mlp.yaml: 0.47 s of CPU more a process, median of 8
 # pairs; BENCHMARKS.md, "The test suite"). Python reads bytecode whatever the setting,
 # and compiles afresh any module edited since.
