@@ -4,10 +4,8 @@ exchange, the optimizer's update is apply, the input's get-next is input."""
 
 import pytest
 import tensorflow as tf
-from conftest import cpu_session_config
 from helpers.tower_training import momentum, tiny_classifier
 
-import models
 import towers
 
 DEVICES = ["/cpu:0", "/cpu:1"]
@@ -63,28 +61,3 @@ def test_transfers_and_waits_for_peers_are_exchange_wherever_they_are(op_type):
 def test_grappler_prefixes_do_not_hide_the_tower():
     assert towers.step_phase("ConstantFolding/tower_1/gradients/x", "Const") == "compute"
 
-
-def test_a_compiled_towers_clusters_are_compute(graph):
-    # towers.xla: a step runs XLA's clusters ("cluster_3_1/xla_run") in place of the
-    # towers' ops; named by TensorFlow, not by any scope of the towers.
-    features = tf.random.uniform([64, 64])
-    labels = tf.zeros([64], tf.int32)
-    model = models.build("mlp", {"input_dim": 64, "hidden_units": [256], "num_classes": 4})
-    ops = towers.build_train_op(model.model_fn, features, labels, momentum(), DEVICES,
-                                xla=True)
-    trace = tf.compat.v1.RunMetadata()
-    with tf.compat.v1.Session(config=cpu_session_config(2)) as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        session.run(ops.train_op)  # compiles
-        session.run(ops.train_op, run_metadata=trace, options=tf.compat.v1.RunOptions(
-            trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
-    seconds = {phase: 0 for phase in towers.STEP_PHASES}
-    compiled = set()
-    for device in trace.step_stats.dev_stats:
-        for node in device.node_stats:
-            phase = towers.step_phase(node.node_name)
-            seconds[phase] += node.all_end_rel_micros
-            if node.node_name.endswith("/xla_run"):
-                compiled.add(phase)
-    assert compiled == {"compute"}, compiled
-    assert seconds["compute"] > seconds["apply"], seconds

@@ -6,16 +6,18 @@ import re
 
 import pytest
 import tensorflow as tf
+from conftest import cpu_session_config
 from helpers.tower_training import momentum, tiny_classifier
 from prometheus_client import generate_latest
 from tensorflow.core.framework.step_stats_pb2 import StepStats
 
+import models
 import towers
 from launch import metrics
 from launch.config import from_dict
 from launch.devices import bfloat16_units
 from launch.runtime.advice import Setup, advice, bfloat16_setup, bottleneck
-from launch.runtime.step_phases import StepPhaseHook, StepPhases, split_step
+from launch.runtime.step_phases import StepPhaseHook, StepPhases, op_intervals, split_step
 from launch.runtime.train import train
 
 V1 = tf.compat.v1
@@ -216,6 +218,26 @@ def test_a_16_bit_job_is_not_told_to_try_its_own_precision(tmp_path):
                                "checkpoint_dir": str(tmp_path)}}), write=lines.append)
     said = [line for line in lines if line.startswith("advice: ")]
     assert len(said) == 1 and "mixed_bfloat16" not in said[0], said
+
+
+def test_under_xla_the_compiled_towers_are_measured_as_compute(graph):
+    # towers.xla: a step runs XLA's clusters ("cluster_3_1/xla_run") in place of the
+    # towers' ops, named by TensorFlow, not by any scope of the towers.
+    model = models.build("mlp", {"input_dim": 64, "hidden_units": [256], "num_classes": 4})
+    ops = towers.build_train_op(model.model_fn, tf.random.uniform([64, 64]),
+                                tf.zeros([64], tf.int32), momentum(), ["/cpu:0", "/cpu:1"],
+                                xla=True)
+    trace = V1.RunMetadata()
+    with V1.Session(config=cpu_session_config(2)) as session:
+        session.run(V1.global_variables_initializer())
+        session.run(ops.train_op)  # compiles
+        session.run(ops.train_op, run_metadata=trace,
+                    options=V1.RunOptions(trace_level=V1.RunOptions.FULL_TRACE))
+    compiled = {phase for _, _, phase, _, name in op_intervals(trace.step_stats)
+                if name.endswith("/xla_run")}
+    assert compiled == {"compute"}, compiled
+    shares = split_step(trace.step_stats)
+    assert shares["compute"] > shares["apply"], shares
 
 
 def test_a_slow_input_pipeline_is_measured_as_input_wait():
