@@ -81,7 +81,7 @@ def _table(graph: tf.Graph) -> dict[str, Callable[..., list]]:
 
 @tf.RegisterGradient(_REGISTERED)
 def _gradient(op: tf.Operation, *output_gradients: tf.Tensor) -> list:
-    table = _table(op.graph)
+    table = getattr(op.graph, _TABLE, {})  # a lookup: nothing made on a graph without one
     if op.name not in table:
         raise LookupError(
             f"{op.name}: its custom gradient is kept with the graph that built it; this "
