@@ -13,7 +13,7 @@ from launch.config import ConfigError, from_dict
 from launch.runtime.train import train
 
 # A small conv net whose batch norm sums its statistics across the towers when asked
-# (as the built-in resnet20's do: tests/towers/test_sync_batch_norm.py); a whole resnet20
+# (as the built-in ResNet's do: tests/towers/test_sync_batch_norm.py); a whole resnet20
 # job costs ten times as much to build for the same check.
 BN_MODEL = '''
 import tensorflow as tf
