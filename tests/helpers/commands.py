@@ -25,6 +25,18 @@ FAST = [
 ]
 
 
+def paced_mlp(delay_secs: float) -> list[str]:
+    """Settings that make a job's mlp (its hidden_units set by the job) the paced one of
+    tests/helpers/paced_model.py: the same variables and values, every step also sleeping
+    `delay_secs`. For jobs that train on while a test waits for something else (a task
+    started again importing TensorFlow, a deadline running out): steps nothing checks
+    would otherwise take the CPU the suite's other tests need."""
+    return ["--set", "model.name=paced_model:build",
+            "--set", f"model.path={os.path.join(ROOT, 'tests', 'helpers')}",
+            "--set", f"model.delay_secs={delay_secs}", "--set", "model.input_dim=784",
+            "--set", "model.num_classes=10"]
+
+
 def towers_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "launch", *args]
 

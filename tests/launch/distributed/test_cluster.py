@@ -21,6 +21,7 @@ from helpers.commands import (
     last_json,
     last_logged,
     ok,
+    paced_mlp,
     run_in_process,
     run_towers,
     saved_steps,
@@ -421,8 +422,9 @@ def _is_zombie_free(pid: int) -> bool:
 
 def restarted_job(tmp_path) -> Cluster:
     """1 ps, the chief and worker 1 of a job that runs until stopped, all started; a test
-    kills and restarts."""
-    cluster = Cluster(tmp_path, [*MLP, "--set", f"train.steps={10**6}",
+    kills and restarts. Its steps are paced: while a task started again imports
+    TensorFlow, the others train on."""
+    cluster = Cluster(tmp_path, [*MLP, *paced_mlp(0.01), "--set", f"train.steps={10**6}",
                                  "--set", "train.log_every_steps=50",
                                  "--set", "train.checkpoint_every_steps=100"], workers=2)
     try:

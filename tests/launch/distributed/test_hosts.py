@@ -33,6 +33,7 @@ from helpers.commands import (
     last_json,
     last_logged,
     ok,
+    paced_mlp,
     run_in_process,
     saved_steps,
     wait_until,
@@ -67,10 +68,7 @@ FOREVER = ["--set", f"train.steps={10**6}"]
 # restarted worker to start, an evaluation) take steps that also sleep, so that they do
 # not spend the machine on steps nothing checks (helpers/paced_model.py: the mlp, its
 # variables and values).
-PACED = ["--set", "model.name=paced_model:build",
-         "--set", f"model.path={os.path.join(ROOT, 'tests', 'helpers')}",
-         "--set", "model.delay_secs=0.05", "--set", "model.input_dim=784",
-         "--set", "model.num_classes=10"]
+PACED = paced_mlp(0.05)
 COMPARED_STEP = 20
 
 
