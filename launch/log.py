@@ -58,13 +58,15 @@ def descriptor_2_captured() -> Iterator[list[str]]:
 
 def _import_tensorflow_quietly():
     """Import TensorFlow with its start-up notices filtered out of stderr, and without
-    the modules it loads that a towers process does not use (launch.tf_process).
+    the modules it (and Keras, later) loads that a towers process does not use
+    (launch.tf_process).
 
     The notices are written to file descriptor 2 directly, so they are caught there
     and everything else (a real import error, say) is passed on unchanged.
     """
-    from launch.tf_process import unused_imports_skipped
+    from launch.tf_process import refuse_to_keras, unused_imports_skipped
 
+    refuse_to_keras()
     written: list[str] = []
     try:
         with descriptor_2_captured() as written, unused_imports_skipped():

@@ -15,6 +15,13 @@ process calls first), each measured against tf_cnn_benchmarks on the same job
   the HDF5 library with it) for saving its own models to .h5, which towers never
   does: 10 MB more (measured as the peak RSS of `import tensorflow`, 470 against
   460 MB). Keras 3 imports h5py itself where a model needs it.
+- Keras 3 in turn, imported by a model that uses it, tries matplotlib (for
+  keras.visualization's image gallery) and IPython (for the saving file editor's
+  notebook display) and goes on without them where they are missing. A towers process
+  calls neither, so Keras' own imports of them are refused (RefusedToKeras), from the
+  start of every towers process: Keras imported after TensorFlow took 0.30 s of CPU
+  and a peak RSS of 489 MB against 1.24 s and 538 MB (BENCHMARKS.md, "Keras' optional
+  imports"). Anyone else's import of them, a model's own, goes on as usual.
 - Without oneDNN (TensorFlow turns it off on x86 CPUs without AVX-512 VNNI, BF16 or
   AMX, or with TF_ENABLE_ONEDNN_OPTS=0) a step's convolution gradients take temporary
   buffers of tens of MB from several threads, and glibc's heaps, which keep what they
@@ -28,12 +35,16 @@ process calls first), each measured against tf_cnn_benchmarks on the same job
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
 import os
 import sys
 from collections.abc import Iterator
 
 # Modules TensorFlow tries to import as it loads, falling back when they are missing.
 UNUSED_AT_IMPORT = ("keras.src.optimizers", "tf_keras.src.optimizers", "scipy.sparse", "h5py")
+# Modules Keras 3 tries to import, for helpers a training process never calls, falling back
+# when they are missing.
+OPTIONAL_FOR_KERAS = ("matplotlib", "IPython")
 
 # oneDNN's settings of its own that change which kernels it picks, read once as it
 # loads. They matter with TensorFlow's oneDNN kernels off too: TensorFlow's own kernels
@@ -63,6 +74,37 @@ def unused_imports_skipped(names: tuple[str, ...] = UNUSED_AT_IMPORT) -> Iterato
         for name in skipped:
             if sys.modules.get(name, "") is None:
                 del sys.modules[name]
+
+
+class RefusedToKeras(importlib.abc.MetaPathFinder):
+    """An import finder that refuses the packages `names` (and their modules) to an import
+    statement in Keras' own code, as if they were not installed; an import of them
+    anywhere else is left to the other finders."""
+
+    def __init__(self, names: tuple[str, ...] = OPTIONAL_FOR_KERAS):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.partition(".")[0] in self.names and _importer().partition(".")[0] == "keras":
+            raise ModuleNotFoundError(f"{fullname} is not imported for Keras in a towers "
+                                      "process (launch.tf_process)", name=fullname)
+        return None
+
+
+def _importer() -> str:
+    """The name of the module whose code runs the import under way: the first frame
+    outside the import system's own."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "") if frame is not None else ""
+
+
+def refuse_to_keras() -> None:
+    """From now on in this process, Keras' own imports of OPTIONAL_FOR_KERAS fail (once,
+    however often it is called)."""
+    if not any(isinstance(finder, RefusedToKeras) for finder in sys.meta_path):
+        sys.meta_path.insert(0, RefusedToKeras())
 
 
 def choose_host_allocator() -> str:
