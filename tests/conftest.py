@@ -8,8 +8,16 @@ import subprocess
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from helpers import net_hosts  # noqa: E402
+
+from launch.log import quiet_tensorflow  # noqa: E402
+
+# TensorFlow as every towers process starts it (launch.tf_process): without the modules
+# it only tries, and Keras without its optional imports; the commands the tests run in
+# this process through main() find it so. Collecting every test: 6.2 s of CPU and a peak
+# of 556 MB against 7.1 s and 607 MB with a plain `import tensorflow` (3 runs each).
+quiet_tensorflow()
+import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
 
