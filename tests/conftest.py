@@ -14,9 +14,14 @@ from launch.log import quiet_tensorflow  # noqa: E402
 
 # TensorFlow as every towers process starts it (launch.tf_process): without the modules
 # it only tries, and Keras without its optional imports; the commands the tests run in
-# this process through main() find it so. Collecting every test: 6.2 s of CPU and a peak
-# of 556 MB against 7.1 s and 607 MB with a plain `import tensorflow` (3 runs each).
+# this process through main() find it so. Collecting every test, 3 runs each alternated:
+# 5.9-6.5 s of CPU and a peak of 556 MB against 6.5-7.4 s and 608 MB with a plain
+# `import tensorflow`.
 quiet_tensorflow()
+# Keras too, before any test: h5py, which Keras imports, runs `uname -p` as it loads
+# (platform.processor()), a process the fast tier's guard below would pin on whichever
+# test first imported Keras.
+import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
@@ -50,8 +55,6 @@ def graph():
 @pytest.fixture
 def keras_graph():
     """A fresh graph with Keras' layer names restarted (clear_session must come first)."""
-    import keras
-
     keras.utils.clear_session()
     with tf.Graph().as_default() as graph:
         yield graph
