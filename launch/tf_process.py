@@ -84,7 +84,7 @@ class RefusedToKeras(importlib.abc.MetaPathFinder):
     def __init__(self, names: tuple[str, ...] = OPTIONAL_FOR_KERAS):
         self.names = frozenset(names)
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(self, fullname: str, path=None, target=None) -> None:
         if fullname.partition(".")[0] in self.names and _importer().partition(".")[0] == "keras":
             raise ModuleNotFoundError(f"{fullname} is not imported for Keras in a towers "
                                       "process (launch.tf_process)", name=fullname)

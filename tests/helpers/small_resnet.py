@@ -8,6 +8,7 @@ a job names a model of its own (model.path: tests/helpers, model.name:
 small_resnet:build), for the tests that train it with towers commands."""
 
 import models
+import towers
 from models import resnet
 
 PARAMS = resnet.Params(image_size=8, base_filters=2)
@@ -20,7 +21,7 @@ def resnet8() -> models.Model:
                         source="tests/helpers/small_resnet.py")
 
 
-def build():
+def build() -> towers.ModelFn:
     """resnet8's model function: its variables under `resnet8/`."""
     return resnet.build_model_fn(PARAMS, depth=8)
 
