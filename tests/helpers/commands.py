@@ -12,6 +12,9 @@ import time
 from launch.distributed.ports import free_ports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# This folder: as model.path, it makes its models (paced_model, counting_model, ...) a
+# job's models of its own.
+HELPERS = os.path.dirname(os.path.abspath(__file__))
 
 # Small, fast settings for the built-in convnet job; tests add their own on top.
 FAST = [
@@ -32,7 +35,7 @@ def paced_mlp(delay_secs: float) -> list[str]:
     started again importing TensorFlow, a deadline running out): steps nothing checks
     would otherwise take the CPU the suite's other tests need."""
     return ["--set", "model.name=paced_model:build",
-            "--set", f"model.path={os.path.join(ROOT, 'tests', 'helpers')}",
+            "--set", f"model.path={HELPERS}",
             "--set", f"model.delay_secs={delay_secs}", "--set", "model.input_dim=784",
             "--set", "model.num_classes=10"]
 

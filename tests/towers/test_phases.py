@@ -60,4 +60,3 @@ def test_transfers_and_waits_for_peers_are_exchange_wherever_they_are(op_type):
 
 def test_grappler_prefixes_do_not_hide_the_tower():
     assert towers.step_phase("ConstantFolding/tower_1/gradients/x", "Const") == "compute"
-

@@ -4,13 +4,12 @@ and with data.epochs each worker trains its own parts of every global batch of t
 passes before the job ends. The arithmetic in this process; one real cluster, killed
 after a checkpoint and started again, counts how often each example was trained."""
 
-import os
 import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers.commands import Cluster, last_json
+from helpers.commands import HELPERS, Cluster, last_json
 
 from launch.data.position import batches_left, positions_trained, resumed_positions
 
@@ -48,7 +47,6 @@ def test_each_worker_has_the_whole_global_batches_left_from_its_own_position():
 # --- one cluster, killed after a checkpoint and started again ---------------------------
 
 ROWS, BATCH, RATE = 1920, 24, 0.125  # 80 global batches; a power of 2: exact counts
-HELPERS = os.path.join(os.path.dirname(__file__), "..", "..", "helpers")
 
 
 def job_args(data):

@@ -15,11 +15,10 @@ import time
 import urllib.request
 
 import pytest
+from helpers.commands import HELPERS
 from helpers.horovod import needs_horovod
 from helpers.stragglers import FAST_INPUT, SLOW_INPUT_JOB, WARNING_SECS, jpeg_records
 from test_horovod import rank_results, start_horovodrun
-
-HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "helpers")
 
 
 def rank_pid(marker: str, rank: int) -> int:

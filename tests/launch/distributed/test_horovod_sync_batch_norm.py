@@ -3,18 +3,17 @@ whole global batch, so they train as one device on it (one horovodrun). The mode
 the built-in ResNet's code at depth 8 (tests/helpers/small_resnet.py): each of its batch
 norms is synchronized as resnet20's are, in a third of the graph every rank builds."""
 
-import os
 import shutil
 
 import numpy as np
 import pytest
 from helpers.checkpoints import checkpoint_variables
-from helpers.commands import ROOT, ok, run_in_process
+from helpers.commands import HELPERS, ok, run_in_process
 from helpers.horovod import needs_horovod
 from test_horovod import horovodrun, rank_results
 
 RESNET = ["--set", "model.name=small_resnet:build",
-          "--set", f"model.path={os.path.join(ROOT, 'tests', 'helpers')}",
+          "--set", f"model.path={HELPERS}",
           "--set", "data.num_examples=256", "--set", "data.shuffle_buffer=0",
           "--set", "optimizer.name=momentum", "--set", "train.batch_size=12",
           "--set", "train.log_every_steps=1"]

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers.commands import Cluster, last_json, ok, run_towers
+from helpers.commands import HELPERS, Cluster, last_json, ok, run_towers
 
 from launch.distributed.cluster import Task
 from launch.distributed.health import ending
@@ -30,7 +30,6 @@ from launch.distributed.ports import free_ports
 from launch.runtime.hooks import DataEndHook
 
 V1 = tf.compat.v1
-HELPERS = os.path.join(os.path.dirname(__file__), "..", "..", "helpers")
 RATE = 0.125
 
 
