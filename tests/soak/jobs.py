@@ -12,12 +12,10 @@ seconds, as it would in minutes with the defaults.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
-
-HELPERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "helpers")
+from helpers.commands import HELPERS
 
 # 32 global batches an epoch; powers of 2, so that the counts are exact (within a
 # float32 rounding where a process's part of the batch is not a power of 2).

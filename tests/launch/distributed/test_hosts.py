@@ -28,7 +28,7 @@ import pytest
 import tensorflow as tf
 from helpers.checkpoints import assert_nothing_lost, latest_step
 from helpers.commands import (
-    ROOT,
+    HELPERS,
     Process,
     last_json,
     last_logged,
@@ -197,7 +197,7 @@ def sync_run_cut_short_then_for_good(life: Life) -> dict:
     the peer it lost."""
     go = life.tmp_path / "probe-go"
     probe = life.host("outsider").command(
-        sys.executable, os.path.join(ROOT, "tests", "helpers", "net_probe.py"), str(go),
+        sys.executable, os.path.join(HELPERS, "net_probe.py"), str(go),
         f"{life.host('ps0').address}:2222", f"ps_grpc={life.host('ps0').address}:2222",
         f"worker_grpc={life.host('worker0').address}:2222",
         f"ps_metrics={life.host('ps0').address}:9100",
